@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every dependency EPO builds and runs with, from Debian packages. Idempotent: when all
+# packages are present it only checks (well under a second) and installs nothing.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkgconf
+  libopenmpi-dev openmpi-bin          # MPI: the distributed engine (MPICH works too)
+  libdnnl-dev                         # oneDNN: bf16/fp32 GEMM
+  libyaml-cpp-dev nlohmann-json3-dev  # configs in, reports and metadata out
+  libcli11-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format clang-tidy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
