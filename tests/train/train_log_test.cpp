@@ -1,0 +1,104 @@
+#include "epo/train/train_log.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+
+#include "epo/train/flops.h"
+
+namespace epo::train {
+namespace {
+
+// Regular expressions the reference ecosystem's log parsers use (Megatron-Bridge performance
+// tooling and the log parsers built on it).
+const std::regex kIteration(R"(\] iteration\s+(\d+)/\s*(\d+)\s*\|)");
+const std::regex kElapsed(R"(elapsed time per iteration \(ms\):\s*([\d.]+))");
+const std::regex kLmLoss(R"(lm loss:\s*([\d.E+\-]+))");
+const std::regex kGradNorm(R"(grad norm:\s*([\d.]+))");
+const std::regex kThroughput(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+))");
+const std::regex kGlobalBatch(R"(global batch size:\s*(\d+))");
+const std::regex kStepTime(
+    R"(Step Time\s*:\s*([\d.]+)s\s+GPU utilization:\s*([\d.]+)MODEL_TFLOP/s/GPU)");
+
+std::string capture(const std::string& line, const std::regex& re, int group = 1) {
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(line, m, re)) << line;
+    return m.size() > static_cast<size_t>(group) ? m[group].str() : "";
+}
+
+TEST(TrainLog, IterationLineMatchesReferenceParsers) {
+    IterationLog log{.iteration = 12,
+                     .train_iters = 200,
+                     .consumed_samples = 768,
+                     .elapsed_ms = 812.34,
+                     .tflops_per_rank = 0.42,
+                     .learning_rate = 3e-4,
+                     .global_batch_size = 64,
+                     .lm_loss = 5.123456789123,
+                     .load_balancing_loss = 1.0001,
+                     .grad_norm = 0.0421234567891};
+    const std::string line = format_iteration_line(log);
+    EXPECT_EQ(capture(line, kIteration, 1), "12");
+    EXPECT_EQ(capture(line, kIteration, 2), "200");
+    EXPECT_EQ(capture(line, kElapsed), "812.3");
+    EXPECT_EQ(capture(line, kThroughput), "0.4");
+    EXPECT_EQ(capture(line, kGlobalBatch), "64");
+    // At least nine significant digits for exact comparison between runs.
+    EXPECT_EQ(capture(line, kLmLoss), "5.123456789E+00");
+    EXPECT_EQ(capture(line, kGradNorm), "0.0421234568");
+    EXPECT_NE(line.find("load_balancing_loss: 1.000100000E+00 |"), std::string::npos);
+    EXPECT_EQ(line.rfind(" [", 0), 0u);
+}
+
+TEST(TrainLog, StepTimeLineMatchesReferenceParser) {
+    const std::string line = format_step_time_line(9.0912, 663.54);
+    EXPECT_EQ(line, "Step Time : 9.09s GPU utilization: 663.5MODEL_TFLOP/s/GPU");
+    EXPECT_EQ(capture(line, kStepTime, 1), "9.09");
+    EXPECT_EQ(capture(line, kStepTime, 2), "663.5");
+}
+
+TEST(TrainLog, NanGradNormIsPrintedAsNan) {
+    EXPECT_EQ(format_fixed_significant(std::nan(""), 9), "nan");
+    EXPECT_EQ(format_fixed_significant(12.3, 9), "12.3000000");
+    EXPECT_EQ(format_fixed_significant(0.0, 9), "0.000");
+}
+
+TEST(Flops, MatchesHandCountForDenseGpt) {
+    // Dense GPT, MHA: 12 L H^2 (1 + 1 + S/(2H)) + 12 L H F g + 6 H V per token... counted by hand
+    // for L=2, H=4, F=8, A=2, d=2, S=4, V=10, swiglu (g=1.5), one sample.
+    FlopsShape s{.num_layers = 2,
+                 .num_moe_layers = 0,
+                 .hidden_size = 4,
+                 .ffn_hidden_size = 8,
+                 .num_attention_heads = 2,
+                 .num_query_groups = 2,
+                 .kv_channels = 2,
+                 .seq_length = 4,
+                 .vocab_size = 10};
+    const double per_token =
+        12.0 * 2 * 4 * 8 * 1.5 + 12.0 * 2 * 16 * (1 + 1 + 4.0 / 8) * 1.0 + 6.0 * 4 * 10;
+    EXPECT_DOUBLE_EQ(model_flops(s, 1), 4 * per_token);
+}
+
+TEST(Flops, MoeLayersCountTopKExpertsAndSharedExpert) {
+    FlopsShape s{.num_layers = 4,
+                 .num_moe_layers = 4,
+                 .hidden_size = 8,
+                 .ffn_hidden_size = 100,
+                 .moe_ffn_hidden_size = 6,
+                 .moe_shared_expert_intermediate_size = 6,
+                 .moe_router_topk = 2,
+                 .num_attention_heads = 2,
+                 .num_query_groups = 1,
+                 .kv_channels = 4,
+                 .seq_length = 16,
+                 .vocab_size = 32};
+    FlopsShape dense_equivalent = s;  // one dense MLP of width (K+1)*F_moe
+    dense_equivalent.num_moe_layers = 0;
+    dense_equivalent.ffn_hidden_size = 3 * 6;
+    EXPECT_DOUBLE_EQ(model_flops(s, 3), model_flops(dense_equivalent, 3));
+}
+
+}  // namespace
+}  // namespace epo::train
