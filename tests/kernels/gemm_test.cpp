@@ -1,0 +1,190 @@
+#include "epo/kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "epo/kernels/cpu_features.h"
+#include "epo/kernels/gemm_reference.h"
+#include "epo/tensor/random.h"
+
+namespace epo::kernels {
+namespace {
+
+struct Case {
+    std::int64_t m, k, n;
+    DType ab;
+    DType c;
+    bool trans_a, trans_b, accumulate;
+};
+
+// Operands with a leading dimension wider than the matrix, to exercise sub-matrix views.
+Tensor make_operand(std::int64_t rows, std::int64_t cols, DType dt, std::uint64_t seed) {
+    Tensor t = Tensor::empty({rows, cols + 3}, dt);
+    fill_normal(t, seed, 0.0f, 1.0f);
+    return t;
+}
+
+Matrix view(const Tensor& t, std::int64_t rows, std::int64_t cols) {
+    return Matrix{t.raw(), t.dtype(), rows, cols, t.dim(1)};
+}
+
+float get(const Matrix& m, std::int64_t i, std::int64_t j) {
+    const std::size_t off = static_cast<std::size_t>(i * m.ld + j);
+    return m.dtype == DType::kBF16 ? bf16_to_float(static_cast<BF16*>(m.data)[off])
+                                   : static_cast<float*>(m.data)[off];
+}
+
+void run_case(const Case& cs, bool row_tiles, bool packed) {
+    SCOPED_TRACE(::testing::Message()
+                 << cs.m << "x" << cs.k << "x" << cs.n << " " << dtype_name(cs.ab) << "->"
+                 << dtype_name(cs.c) << " ta=" << cs.trans_a << " tb=" << cs.trans_b
+                 << " acc=" << cs.accumulate << " tiles=" << row_tiles << " packed=" << packed);
+    Tensor ta =
+        cs.trans_a ? make_operand(cs.k, cs.m, cs.ab, 1) : make_operand(cs.m, cs.k, cs.ab, 1);
+    Tensor tb =
+        cs.trans_b ? make_operand(cs.n, cs.k, cs.ab, 2) : make_operand(cs.k, cs.n, cs.ab, 2);
+    Tensor tc = make_operand(cs.m, cs.n, cs.c, 3);
+    Tensor tr = tc.clone();
+    const Matrix a = cs.trans_a ? view(ta, cs.k, cs.m) : view(ta, cs.m, cs.k);
+    const Matrix b = cs.trans_b ? view(tb, cs.n, cs.k) : view(tb, cs.k, cs.n);
+    const Matrix c = view(tc, cs.m, cs.n);
+    const Matrix r = view(tr, cs.m, cs.n);
+    GemmOptions o{cs.trans_a, cs.trans_b, cs.accumulate, row_tiles};
+    if (packed) {
+        PackedMatrix p = pack_b(b, cs.trans_b);
+        GemmOptions po = o;
+        po.trans_b = false;
+        gemm(a, p, c, po);
+    } else {
+        gemm(a, b, c, o);
+    }
+    gemm_reference(a, b, r, o);
+    // f32 accumulation of K products of N(0,1) values vs a double reference; bf16 results also
+    // carry one rounding (relative 2^-9).
+    const double abs_tol = 2e-6 * static_cast<double>(cs.k) + 1e-5;
+    for (std::int64_t i = 0; i < cs.m; ++i) {
+        for (std::int64_t j = 0; j < cs.n; ++j) {
+            const double want = get(r, i, j), have = get(c, i, j);
+            const double tol = abs_tol + (cs.c == DType::kBF16 ? std::fabs(want) / 128 : 0);
+            ASSERT_NEAR(have, want, tol) << "at " << i << "," << j;
+        }
+    }
+    // The padding columns beyond the view are untouched.
+    for (std::int64_t i = 0; i < cs.m; ++i) {
+        for (std::int64_t j = cs.n; j < cs.n + 3; ++j) {
+            const std::size_t off = static_cast<std::size_t>(i * tc.dim(1) + j);
+            ASSERT_EQ(std::memcmp(static_cast<char*>(tc.raw()) + off * dtype_size(cs.c),
+                                  static_cast<char*>(tr.raw()) + off * dtype_size(cs.c),
+                                  dtype_size(cs.c)),
+                      0);
+        }
+    }
+}
+
+TEST(Gemm, MatchesReferenceForEveryLayoutAndType) {
+    for (DType ab : {DType::kF32, DType::kBF16}) {
+        for (bool ta : {false, true}) {
+            for (bool tb : {false, true}) {
+                run_case({37, 29, 23, ab, DType::kF32, ta, tb, false}, false, false);
+                run_case({37, 29, 23, ab, DType::kF32, ta, tb, true}, false, false);
+            }
+        }
+    }
+    run_case({19, 64, 40, DType::kBF16, DType::kBF16, false, true, false}, false, false);
+    run_case({19, 64, 40, DType::kBF16, DType::kBF16, true, false, false}, true, true);
+}
+
+TEST(Gemm, RowTilesMatchReferenceForAwkwardRowCounts) {
+    for (std::int64_t m : {1, 15, 16, 17, 255, 256, 257, 300, 529}) {
+        run_case({m, 48, 32, DType::kBF16, DType::kF32, false, true, false}, true, false);
+        run_case({m, 48, 32, DType::kBF16, DType::kF32, false, false, true}, true, true);
+        run_case({m, 48, 32, DType::kF32, DType::kF32, false, true, false}, true, true);
+    }
+}
+
+TEST(Gemm, PackedWeightsMatchReference) {
+    for (DType ab : {DType::kF32, DType::kBF16}) {
+        for (bool tb : {false, true}) {
+            run_case({70, 96, 50, ab, DType::kF32, false, tb, false}, false, true);
+            run_case({70, 96, 50, ab, DType::kF32, true, tb, true}, false, true);
+        }
+    }
+}
+
+TEST(Gemm, RowTilesBoundThePrimitivesCreated) {
+    const std::int64_t k = 32, n = 24;
+    Tensor a = Tensor::zeros({700, k}, DType::kBF16);
+    Tensor b = Tensor::zeros({n, k}, DType::kBF16);
+    Tensor c = Tensor::zeros({700, n}, DType::kF32);
+    const GemmOptions o{false, true, false, true};
+    const auto before = gemm_cache_stats().creations;
+    for (std::int64_t m = 1; m <= 700; ++m) {
+        gemm(sub_rows(as_matrix(a), 0, m), as_matrix(b), sub_rows(as_matrix(c), 0, m), o);
+    }
+    // One full tile, four power-of-two pieces (128..16) and at most 15 tails.
+    EXPECT_LE(gemm_cache_stats().creations - before, 20);
+}
+
+TEST(Gemm, DeterministicRunToRun) {
+    Tensor a = make_operand(300, 200, DType::kBF16, 4);
+    Tensor b = make_operand(150, 200, DType::kBF16, 5);
+    Tensor c1 = Tensor::zeros({300, 150}, DType::kF32);
+    Tensor c2 = Tensor::zeros({300, 150}, DType::kF32);
+    const GemmOptions o{false, true, false, true};
+    gemm(view(a, 300, 200), view(b, 150, 200), as_matrix(c1), o);
+    gemm(view(a, 300, 200), view(b, 150, 200), as_matrix(c2), o);
+    EXPECT_EQ(std::memcmp(c1.raw(), c2.raw(), c1.nbytes()), 0);
+}
+
+TEST(Gemm, EmptyDimensions) {
+    Tensor a = Tensor::zeros({4, 0}, DType::kF32);
+    Tensor b = Tensor::zeros({0, 3}, DType::kF32);
+    Tensor c = Tensor::empty({4, 3}, DType::kF32);
+    for (int i = 0; i < 12; ++i)
+        c.data<float>()[i] = 7;
+    gemm(as_matrix(a, 4, 0), as_matrix(b, 0, 3), as_matrix(c), {false, false, true, false});
+    EXPECT_EQ(c.data<float>()[5], 7.0f);  // accumulate of an empty sum leaves C
+    gemm(as_matrix(a, 4, 0), as_matrix(b, 0, 3), as_matrix(c));
+    EXPECT_EQ(c.data<float>()[5], 0.0f);  // overwrite with an empty sum is zero
+    Tensor z = Tensor::zeros({0, 3}, DType::kF32);
+    gemm(as_matrix(Tensor::zeros({0, 5}, DType::kF32), 0, 5),
+         as_matrix(Tensor::zeros({5, 3}, DType::kF32)), as_matrix(z, 0, 3));
+}
+
+TEST(Gemm, BadOperandsAreErrors) {
+    Tensor a = Tensor::zeros({4, 5}, DType::kF32);
+    Tensor b = Tensor::zeros({6, 3}, DType::kF32);
+    Tensor bb = Tensor::zeros({5, 3}, DType::kBF16);
+    Tensor c = Tensor::zeros({4, 3}, DType::kF32);
+    Tensor cb = Tensor::zeros({4, 3}, DType::kBF16);
+    EXPECT_THROW(gemm(as_matrix(a), as_matrix(b), as_matrix(c)), Error);
+    EXPECT_THROW(gemm(as_matrix(a), as_matrix(bb), as_matrix(c)), Error);
+    Tensor b5 = Tensor::zeros({5, 3}, DType::kF32);
+    EXPECT_THROW(gemm(as_matrix(a), as_matrix(b5), as_matrix(cb)), Error);  // f32 x f32 -> bf16
+}
+
+// On CPUs with AVX512-BF16, packed bf16 weights must run oneDNN's fast kernel for every row
+// piece the tiling produces (a reference fallback would be ~100x slower).
+TEST(Gemm, PackedBf16UsesTheFastKernelForEveryRowPiece) {
+    if (!cpu_features().avx512_bf16)
+        GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+    Tensor w = make_operand(768, 256, DType::kBF16, 6);
+    PackedMatrix p = pack_b(view(w, 768, 256), true);
+    Tensor a = Tensor::zeros({kGemmRowTile, 256}, DType::kBF16);
+    Tensor c = Tensor::zeros({kGemmRowTile, 768}, DType::kF32);
+    for (std::int64_t m = 1; m <= kGemmRowTile; ++m) {
+        const std::string impl =
+            gemm_impl_name(sub_rows(as_matrix(a), 0, m), p, sub_rows(as_matrix(c), 0, m));
+        ASSERT_EQ(impl.rfind("brg", 0), 0u) << "rows " << m << ": " << impl;
+    }
+}
+
+TEST(CpuFeatures, ReportsSomething) {
+    EXPECT_FALSE(cpu_features_string().empty());
+}
+
+}  // namespace
+}  // namespace epo::kernels
