@@ -1,0 +1,59 @@
+#include "epo/config/builder.h"
+
+#include <fmt/format.h>
+
+#include "epo/config/overrides.h"
+#include "epo/config/recipes.h"
+#include "epo/config/yaml_io.h"
+#include "epo/core/error.h"
+
+namespace epo::config {
+
+BuiltConfig build_config(const ConfigSources& sources) {
+    std::optional<YAML::Node> yaml;
+    YamlSource yaml_source;
+    if (sources.config_path || sources.config_text) {
+        yaml_source.name = sources.config_path ? sources.config_path->string() : "<config>";
+        const std::string text =
+            sources.config_path ? read_text_file(*sources.config_path) : *sources.config_text;
+        yaml = parse_yaml(text, yaml_source);
+    }
+
+    std::optional<std::string> recipe = sources.model;
+    if (yaml) {
+        const auto named = recipe_of(*yaml, yaml_source);
+        if (named && recipe && *named != *recipe) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("{} names recipe '{}' but --model says '{}'; use one",
+                                    yaml_source.name, *named, *recipe));
+        }
+        recipe = recipe ? recipe : named;
+    }
+    if (!recipe && !yaml) {
+        throw Error(ErrorKind::kUsage,
+                    "nothing to build a configuration from: give a CONFIG.yaml or --model NAME");
+    }
+
+    BuiltConfig built;
+    built.config = recipe ? make_recipe(*recipe) : Config{};
+    if (yaml) {
+        apply_yaml(built.config, *yaml, yaml_source);
+    }
+
+    std::vector<Override> overrides;
+    for (const auto& arg : sources.overrides) {
+        overrides.push_back(parse_override(arg));
+    }
+    for (const auto& o : overrides) {
+        if (o.key.rfind("env.", 0) == 0 || o.key == "env") {
+            apply_override(built.config, o);  // the device the flex activation probes
+        }
+    }
+    built.warnings = apply_harness_overrides(built.config, sources.harness, sources.probe);
+    for (const auto& o : overrides) {
+        apply_override(built.config, o);
+    }
+    return built;
+}
+
+}  // namespace epo::config

@@ -1,0 +1,219 @@
+#include "epo/config/runtime_support.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <optional>
+
+#include "epo/config/rules.h"
+
+namespace epo::config {
+namespace {
+
+// Where a feature shows in a finalized config: the key and its value, or nothing.
+struct Use {
+    std::string field;
+    std::string value;
+};
+using Detector = std::function<std::optional<Use>(const Config&)>;
+
+struct FeatureRow {
+    RuntimeFeature feature;
+    Detector uses;
+    std::string_view fix;
+};
+
+std::optional<Use> when(bool used, std::string field, std::string value) {
+    return used ? std::optional<Use>(Use{std::move(field), std::move(value)}) : std::nullopt;
+}
+
+const std::vector<FeatureRow>& rows() {
+    using C = const Config&;
+    using RC = RuntimeCapabilities;
+    static const std::vector<FeatureRow> table = {
+        {{"RT001", "tensor parallelism (TP > 1)", &RC::tensor_parallel},
+         [](C c) {
+             return when(c.model.tensor_model_parallel_size > 1, "model.tensor_model_parallel_size",
+                         show(c.model.tensor_model_parallel_size));
+         },
+         "set model.tensor_model_parallel_size=1 (-tp 1)"},
+        {{"RT002", "pipeline parallelism (PP > 1 or a virtual pipeline)", &RC::pipeline_parallel},
+         [](C c) {
+             return when(c.model.pipeline_model_parallel_size > 1 ||
+                             c.model.virtual_pipeline_model_parallel_size.has_value(),
+                         "model.pipeline_model_parallel_size",
+                         show(c.model.pipeline_model_parallel_size));
+         },
+         "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
+        {{"RT003", "context parallelism (CP > 1)", &RC::context_parallel},
+         [](C c) {
+             return when(c.model.context_parallel_size > 1, "model.context_parallel_size",
+                         show(c.model.context_parallel_size));
+         },
+         "set model.context_parallel_size=1"},
+        {{"RT004", "expert tensor parallelism (ETP > 1)", &RC::expert_tensor_parallel},
+         [](C c) {
+             return when(expert_tensor_parallel_size(c.model) > 1,
+                         "model.expert_tensor_parallel_size",
+                         show(expert_tensor_parallel_size(c.model)));
+         },
+         "set model.expert_tensor_parallel_size=1"},
+        {{"RT005", "sequence parallelism", &RC::sequence_parallel},
+         [](C c) { return when(c.model.sequence_parallel, "model.sequence_parallel", "true"); },
+         "set model.sequence_parallel=false"},
+        {{"RT006", "multi-token prediction", &RC::multi_token_prediction},
+         [](C c) {
+             return when(c.model.mtp_num_layers.value_or(0) > 0, "model.mtp_num_layers",
+                         show(c.model.mtp_num_layers));
+         },
+         "set model.mtp_num_layers=null"},
+        {{"RT007", "multi-latent attention", &RC::multi_latent_attention},
+         [](C c) {
+             return when(c.model.multi_latent_attention, "model.multi_latent_attention", "true");
+         },
+         "set model.multi_latent_attention=false"},
+        {{"RT008", "activation recompute", &RC::activation_recompute},
+         [](C c) {
+             return when(c.model.recompute_granularity.has_value(), "model.recompute_granularity",
+                         show(c.model.recompute_granularity));
+         },
+         "set model.recompute_granularity=null"},
+        {{"RT009", "fp16 training with loss scaling", &RC::fp16},
+         [](C c) { return when(c.model.fp16, "model.fp16", "true"); },
+         "use model.bf16=true and model.fp16=false"},
+        {{"RT010", "fp32 training (neither bf16 nor fp16)", &RC::fp32_training},
+         [](C c) { return when(!c.model.bf16 && !c.model.fp16, "model.bf16", "false"); },
+         "set model.bf16=true"},
+        {{"RT011", "shared-expert overlap", &RC::shared_expert_overlap},
+         [](C c) {
+             return when(c.model.moe_shared_expert_overlap, "model.moe_shared_expert_overlap",
+                         "true");
+         },
+         "set model.moe_shared_expert_overlap=false"},
+        {{"RT012", "bucketed grad-reduce / param-gather overlap", &RC::bucketed_dp_overlap},
+         [](C c) {
+             return when(
+                 c.ddp.overlap_grad_reduce || c.ddp.overlap_param_gather,
+                 c.ddp.overlap_grad_reduce ? "ddp.overlap_grad_reduce" : "ddp.overlap_param_gather",
+                 "true");
+         },
+         "set ddp.overlap_grad_reduce=false and ddp.overlap_param_gather=false (with a "
+         "comm_overlap section: comm_overlap.overlap_grad_reduce=false and "
+         "comm_overlap.overlap_param_gather=false)"},
+        {{"RT013", "the distributed optimizer", &RC::distributed_optimizer},
+         [](C c) {
+             return when(c.ddp.use_distributed_optimizer, "ddp.use_distributed_optimizer", "true");
+         },
+         "set ddp.use_distributed_optimizer=false"},
+        {{"RT014", "tensor-parallel communication overlap", &RC::tp_comm_overlap},
+         [](C c) { return when(c.model.tp_comm_overlap, "model.tp_comm_overlap", "true"); },
+         "set comm_overlap.tp_comm_overlap=false"},
+        {{"RT015", "CUDA graphs", &RC::cuda_graphs},
+         [](C c) {
+             return when(c.model.cuda_graph_impl != CudaGraphImpl::kNone, "model.cuda_graph_impl",
+                         show(c.model.cuda_graph_impl));
+         },
+         "set model.cuda_graph_impl=none"},
+        {{"RT016", "the allgather token dispatcher", &RC::allgather_dispatcher},
+         [](C c) {
+             return when(
+                 is_moe(c.model) && c.model.moe_token_dispatcher_type == DispatcherType::kAllgather,
+                 "model.moe_token_dispatcher_type", "allgather");
+         },
+         "set model.moe_token_dispatcher_type=alltoall"},
+        {{"RT017", "the flex token dispatcher (deepep / hybridep)", &RC::flex_dispatcher},
+         [](C c) {
+             return when(
+                 is_moe(c.model) && c.model.moe_token_dispatcher_type == DispatcherType::kFlex,
+                 "model.moe_token_dispatcher_type", "flex");
+         },
+         "set model.moe_token_dispatcher_type=alltoall (--moe_flex_dispatcher_backend None)"},
+        {{"RT018", "load balancing other than aux_loss / seq_aux_loss / none",
+          &RC::other_load_balancing},
+         [](C c) {
+             const auto lb = c.model.moe_router_load_balancing_type;
+             return when(is_moe(c.model) && (lb == LoadBalancingType::kSinkhorn ||
+                                             lb == LoadBalancingType::kGlobalAuxLoss),
+                         "model.moe_router_load_balancing_type", show(lb));
+         },
+         "use aux_loss, seq_aux_loss or none"},
+        {{"RT019", "linear-layer biases", &RC::linear_biases},
+         [](C c) {
+             return when(c.model.add_bias_linear || c.model.add_qkv_bias,
+                         c.model.add_bias_linear ? "model.add_bias_linear" : "model.add_qkv_bias",
+                         "true");
+         },
+         "set model.add_bias_linear=false and model.add_qkv_bias=false"},
+        {{"RT020", "query/key layernorm", &RC::qk_layernorm},
+         [](C c) { return when(c.model.qk_layernorm, "model.qk_layernorm", "true"); },
+         "set model.qk_layernorm=false"},
+        {{"RT021", "LayerNorm (it has RMSNorm)", &RC::layernorm},
+         [](C c) {
+             return when(c.model.normalization != Normalization::kRMSNorm, "model.normalization",
+                         show(c.model.normalization));
+         },
+         "set model.normalization=RMSNorm"},
+        {{"RT022", "an MLP other than SwiGLU", &RC::non_swiglu_mlp},
+         [](C c) {
+             return when(
+                 c.model.activation_func != ActivationFunc::kSilu || !c.model.gated_linear_unit,
+                 "model.activation_func", show(c.model.activation_func));
+         },
+         "set model.activation_func=silu and model.gated_linear_unit=true"},
+        {{"RT023", "position embeddings other than rotary", &RC::non_rope_positions},
+         [](C c) {
+             return when(c.model.position_embedding_type != PositionEmbedding::kRope,
+                         "model.position_embedding_type", show(c.model.position_embedding_type));
+         },
+         "set model.position_embedding_type=rope"},
+        {{"RT024", "tied input/output embeddings", &RC::tied_embeddings},
+         [](C c) {
+             return when(c.model.share_embeddings_and_output_weights,
+                         "model.share_embeddings_and_output_weights", "true");
+         },
+         "set model.share_embeddings_and_output_weights=false"},
+        {{"RT025", "deferred embedding wgrad compute", &RC::embedding_wgrad_deferral},
+         [](C c) {
+             return when(
+                 c.comm_overlap && c.comm_overlap->defer_embedding_wgrad_compute.value_or(false),
+                 "comm_overlap.defer_embedding_wgrad_compute", "true");
+         },
+         "set comm_overlap.defer_embedding_wgrad_compute=false"},
+    };
+    return table;
+}
+
+}  // namespace
+
+RuntimeCapabilities RuntimeCapabilities::current() {
+    return RuntimeCapabilities{};
+}
+
+const std::vector<RuntimeFeature>& runtime_features() {
+    static const std::vector<RuntimeFeature> features = [] {
+        std::vector<RuntimeFeature> out;
+        for (const auto& row : rows()) {
+            out.push_back(row.feature);
+        }
+        return out;
+    }();
+    return features;
+}
+
+std::vector<Finding> runtime_findings(const Config& config, const RuntimeCapabilities& caps) {
+    std::vector<Finding> out;
+    for (const auto& row : rows()) {
+        if (caps.*(row.feature.supported)) {
+            continue;
+        }
+        if (auto use = row.uses(config)) {
+            out.push_back(
+                Finding{std::string(row.feature.id), use->field, use->value,
+                        fmt::format("the epo runtime does not execute {} yet", row.feature.feature),
+                        std::string(row.fix)});
+        }
+    }
+    return out;
+}
+
+}  // namespace epo::config

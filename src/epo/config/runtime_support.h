@@ -1,0 +1,64 @@
+// What our runtime executes (spec §6, "RT" checks): one id per feature it does not execute yet,
+// so nothing a config asks for is silently ignored. `epo validate` lists these as warnings (the
+// config may well be valid for a GPU target); `epo train` / `epo bench` refuse to start with
+// any of them (validate_for_run in validate.h), before any rank does work.
+//
+// The set is data: RuntimeCapabilities says which features run. As the runtime gains one, its
+// owner flips the member in RuntimeCapabilities::current() and the id stops being reported.
+// Everything not listed here (EP/DP over MPI, the alltoall dispatcher dropless or with capacity,
+// softmax/sigmoid routers with groups and expert bias, aux/seq-aux/z losses, shared experts, dense
+// layers, EP overlap, delayed wgrad, bf16 with fp32 master weights, GQA, RMSNorm, SwiGLU, rotary
+// embeddings) is the runtime's baseline scope (spec runtime.md).
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "epo/config/config.h"
+#include "epo/config/finding.h"
+
+namespace epo::config {
+
+struct RuntimeCapabilities {
+    bool tensor_parallel = false;           // RT001
+    bool pipeline_parallel = false;         // RT002
+    bool context_parallel = false;          // RT003
+    bool expert_tensor_parallel = false;    // RT004
+    bool sequence_parallel = false;         // RT005
+    bool multi_token_prediction = false;    // RT006
+    bool multi_latent_attention = false;    // RT007
+    bool activation_recompute = false;      // RT008
+    bool fp16 = false;                      // RT009
+    bool fp32_training = false;             // RT010
+    bool shared_expert_overlap = false;     // RT011
+    bool bucketed_dp_overlap = false;       // RT012
+    bool distributed_optimizer = false;     // RT013
+    bool tp_comm_overlap = false;           // RT014
+    bool cuda_graphs = false;               // RT015
+    bool allgather_dispatcher = false;      // RT016
+    bool flex_dispatcher = false;           // RT017
+    bool other_load_balancing = false;      // RT018
+    bool linear_biases = false;             // RT019
+    bool qk_layernorm = false;              // RT020
+    bool layernorm = false;                 // RT021
+    bool non_swiglu_mlp = false;            // RT022
+    bool non_rope_positions = false;        // RT023
+    bool tied_embeddings = false;           // RT024
+    bool embedding_wgrad_deferral = false;  // RT025
+
+    // What the runtime on this branch executes.
+    static RuntimeCapabilities current();
+};
+
+struct RuntimeFeature {
+    std::string_view id;       // "RT001"
+    std::string_view feature;  // "tensor parallelism (TP > 1)"
+    bool RuntimeCapabilities::*supported;
+};
+
+const std::vector<RuntimeFeature>& runtime_features();
+
+// One finding per feature the finalized `config` uses and `caps` lacks.
+std::vector<Finding> runtime_findings(const Config& config, const RuntimeCapabilities& caps);
+
+}  // namespace epo::config

@@ -1,0 +1,176 @@
+// RT ids (one per feature the epo runtime does not execute yet), their promotion to errors for
+// runs, and the start-up checks (MPI thread level, world size).
+#include "epo/config/runtime_support.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <set>
+
+#include "config_test_util.h"
+#include "epo/config/validate.h"
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+namespace epo::config {
+namespace {
+
+using testing::has;
+using testing::ids;
+
+// A change that makes tiny-moe use exactly the feature of each RT id.
+const std::map<std::string, std::function<void(Config&)>>& uses() {
+    static const std::map<std::string, std::function<void(Config&)>> table = {
+        {"RT001", [](Config& c) { c.model.tensor_model_parallel_size = 2; }},
+        {"RT002", [](Config& c) { c.model.virtual_pipeline_model_parallel_size = 2; }},
+        {"RT003", [](Config& c) { c.model.context_parallel_size = 2; }},
+        {"RT004", [](Config& c) { c.model.expert_tensor_parallel_size = 2; }},
+        {"RT005", [](Config& c) { c.model.sequence_parallel = true; }},
+        {"RT006", [](Config& c) { c.model.mtp_num_layers = 1; }},
+        {"RT007", [](Config& c) { c.model.multi_latent_attention = true; }},
+        {"RT008",
+         [](Config& c) { c.model.recompute_granularity = RecomputeGranularity::kSelective; }},
+        {"RT009",
+         [](Config& c) {
+             c.model.fp16 = true;
+             c.model.bf16 = false;
+         }},
+        {"RT010", [](Config& c) { c.model.bf16 = false; }},
+        {"RT011", [](Config& c) { c.model.moe_shared_expert_overlap = true; }},
+        {"RT012", [](Config& c) { c.ddp.overlap_param_gather = true; }},
+        {"RT013", [](Config& c) { c.ddp.use_distributed_optimizer = true; }},
+        {"RT014", [](Config& c) { c.model.tp_comm_overlap = true; }},
+        {"RT015", [](Config& c) { c.model.cuda_graph_impl = CudaGraphImpl::kLocal; }},
+        {"RT016",
+         [](Config& c) { c.model.moe_token_dispatcher_type = DispatcherType::kAllgather; }},
+        {"RT017",
+         [](Config& c) {
+             c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
+             c.model.moe_flex_dispatcher_backend = FlexBackend::kDeepep;
+         }},
+        {"RT018",
+         [](Config& c) { c.model.moe_router_load_balancing_type = LoadBalancingType::kSinkhorn; }},
+        {"RT019", [](Config& c) { c.model.add_qkv_bias = true; }},
+        {"RT020", [](Config& c) { c.model.qk_layernorm = true; }},
+        {"RT021", [](Config& c) { c.model.normalization = Normalization::kLayerNorm; }},
+        {"RT022", [](Config& c) { c.model.gated_linear_unit = false; }},
+        {"RT023", [](Config& c) { c.model.position_embedding_type = PositionEmbedding::kNone; }},
+        {"RT024", [](Config& c) { c.model.share_embeddings_and_output_weights = true; }},
+        {"RT025",
+         [](Config& c) {
+             c.comm_overlap.emplace();
+             c.comm_overlap->tp_comm_overlap = false;
+             c.comm_overlap->defer_embedding_wgrad_compute = true;
+         }},
+    };
+    return table;
+}
+
+std::vector<std::string> runtime_ids(const std::vector<Finding>& findings) {
+    std::vector<std::string> out;
+    for (const auto& f : findings) {
+        if (f.id.rfind("RT", 0) == 0) {
+            out.push_back(f.id);
+        }
+    }
+    return out;
+}
+
+TEST(RuntimeSupport, EveryFeatureHasItsOwnIdAndATest) {
+    std::set<std::string> seen;
+    for (const auto& feature : runtime_features()) {
+        EXPECT_TRUE(seen.insert(std::string(feature.id)).second) << feature.id;
+        EXPECT_TRUE(uses().count(std::string(feature.id))) << feature.id << " has no test case";
+    }
+    EXPECT_EQ(seen.size(), uses().size());
+}
+
+TEST(RuntimeSupport, EachIdFiresOnItsFeatureAndOnlyThere) {
+    const Config base = make_recipe("tiny-moe");
+    EXPECT_TRUE(runtime_findings(base, RuntimeCapabilities::current()).empty());
+    for (const auto& [id, use] : uses()) {
+        SCOPED_TRACE(id);
+        Config c = base;
+        use(c);
+        const auto findings = runtime_findings(c, RuntimeCapabilities::current());
+        EXPECT_EQ(runtime_ids(findings), std::vector<std::string>{id});
+        ASSERT_FALSE(findings.empty());
+        EXPECT_FALSE(findings[0].field.empty());
+        EXPECT_FALSE(findings[0].fix.empty());
+        EXPECT_NE(findings[0].message.find("does not execute"), std::string::npos);
+    }
+}
+
+TEST(RuntimeSupport, ACapabilityThatLandsDropsItsId) {
+    for (const auto& feature : runtime_features()) {
+        SCOPED_TRACE(std::string(feature.id));
+        Config c = make_recipe("tiny-moe");
+        uses().at(std::string(feature.id))(c);
+        RuntimeCapabilities caps = RuntimeCapabilities::current();
+        EXPECT_FALSE(caps.*(feature.supported));  // nothing here runs yet
+        caps.*(feature.supported) = true;
+        EXPECT_TRUE(runtime_findings(c, caps).empty());
+    }
+}
+
+TEST(RuntimeSupport, ValidateWarnsRunsRefuse) {
+    Config c = make_recipe("tiny-moe");
+    c.model.tensor_model_parallel_size = 2;
+    c.comm.gpus_per_node = 2;
+    const ValidationReport check = validate(c);
+    EXPECT_TRUE(check.ok());
+    EXPECT_EQ(runtime_ids(check.warnings), std::vector<std::string>{"RT001"});
+    const ValidationReport run = validate_for_run(c);
+    EXPECT_FALSE(run.ok());
+    EXPECT_EQ(ids(run.errors), std::vector<std::string>{"RT001"});
+    EXPECT_TRUE(runtime_ids(run.warnings).empty());
+    ValidateOptions tp;
+    tp.runtime.tensor_parallel = true;
+    EXPECT_TRUE(validate_for_run(c, tp).ok());
+}
+
+TEST(RuntimeSupport, ReadsTheFinalizedConfig) {
+    // DP 4 with a distributed optimizer: finalization turns bucketed overlap on.
+    Config c = make_recipe("tiny-moe");
+    c.comm.gpus_per_node = 4;
+    c.ddp.use_distributed_optimizer = true;
+    c.comm_overlap.emplace();
+    c.comm_overlap->tp_comm_overlap = false;
+    EXPECT_TRUE(has(validate(c).warnings, "RT012"));
+    c.comm_overlap->overlap_grad_reduce = false;
+    c.comm_overlap->overlap_param_gather = false;
+    EXPECT_FALSE(has(validate(c).warnings, "RT012"));
+}
+
+TEST(StartupChecks, MpiThreadLevel) {
+    EXPECT_FALSE(check_mpi_thread_level(MPI_THREAD_MULTIPLE).has_value());
+    for (int level : {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED}) {
+        const auto finding = check_mpi_thread_level(level);
+        ASSERT_TRUE(finding.has_value());
+        EXPECT_EQ(finding->id, "EP005");
+        EXPECT_NE(finding->message.find("MPI_THREAD_MULTIPLE"), std::string::npos);
+    }
+    EXPECT_EQ(check_mpi_thread_level(MPI_THREAD_FUNNELED)->value, "MPI_THREAD_FUNNELED");
+}
+
+TEST(StartupChecks, WorldSize) {
+    Config c = make_recipe("tiny-moe");
+    c.comm.num_nodes = 2;
+    c.comm.gpus_per_node = 2;
+    EXPECT_FALSE(check_world_size(c, 4).has_value());
+    const auto finding = check_world_size(c, 3);
+    ASSERT_TRUE(finding.has_value());
+    EXPECT_EQ(finding->id, "LY009");
+    EXPECT_NE(finding->message.find("3 ranks"), std::string::npos);
+    EXPECT_NE(finding->fix.find("mpirun -np 4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace epo::config
