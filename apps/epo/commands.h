@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <string>
 #include <vector>
 
@@ -15,6 +14,6 @@ namespace epo::cli {
 std::vector<std::string> normalize_harness_flags(std::vector<std::string> args);
 
 // Registration: each adds its subcommand to `app`.
-// (Subcommands are added here as they are built.)
+void add_validate_command(CLI::App& app);  // cmd_validate.cpp
 
 }  // namespace epo::cli

@@ -1,0 +1,32 @@
+// The performance harness's flags (`-tp 2`, `--moe_a2a_overlap true`, ...) as CLI11 options,
+// shared by every subcommand that builds a configuration (validate now; bench and train later).
+// The spellings are the reference harness's; one-dash forms are rewritten to two dashes by
+// normalize_harness_flags before CLI11 sees them.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "epo/config/harness.h"
+
+namespace epo::cli {
+
+struct HarnessFlags {
+    std::string moe_a2a_overlap;
+    std::string moe_flex_dispatcher_backend;
+    std::string virtual_pipeline_model_parallel_size;
+    int num_nodes = 0, gpus_per_node = 0, max_steps = 0;
+    int tensor_model_parallel_size = 0, pipeline_model_parallel_size = 0;
+    int context_parallel_size = 0, expert_model_parallel_size = 0;
+    int expert_tensor_parallel_size = 0;
+    int global_batch_size = 0, micro_batch_size = 0, seq_length = 0;
+    int hidden_size = 0, num_layers = 0, num_moe_experts = 0;
+    CLI::App* app = nullptr;  // to ask which options were given
+};
+
+void add_harness_flags(CLI::App& app, HarnessFlags& flags);
+
+// The given flags as library overrides; raises a usage error for a malformed value.
+config::HarnessOverrides harness_overrides(const HarnessFlags& flags);
+
+}  // namespace epo::cli
