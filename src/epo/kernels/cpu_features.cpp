@@ -10,6 +10,7 @@ CpuFeatures detect() {
     f.fma = __builtin_cpu_supports("fma");
     f.avx512f = __builtin_cpu_supports("avx512f");
     f.avx512bw = __builtin_cpu_supports("avx512bw");
+    f.avx512dq = __builtin_cpu_supports("avx512dq");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
     f.amx_bf16 = __builtin_cpu_supports("amx-bf16");
@@ -37,6 +38,7 @@ std::string cpu_features_string() {
     add(f.fma, "fma");
     add(f.avx512f, "avx512f");
     add(f.avx512bw, "avx512bw");
+    add(f.avx512dq, "avx512dq");
     add(f.avx512vl, "avx512vl");
     add(f.avx512_bf16, "avx512_bf16");
     add(f.amx_bf16, "amx_bf16");

@@ -11,9 +11,13 @@ struct CpuFeatures {
     bool fma = false;
     bool avx512f = false;
     bool avx512bw = false;
+    bool avx512dq = false;
     bool avx512vl = false;
     bool avx512_bf16 = false;
     bool amx_bf16 = false;
+
+    // AVX-512 F/BW/VL/DQ: what the project's own AVX-512 kernels are compiled for.
+    bool avx512_core() const { return avx512f && avx512bw && avx512vl && avx512dq; }
 };
 
 // Detected on first use; the same object for the life of the process.

@@ -7,6 +7,7 @@
 
 #include "epo/core/error.h"
 #include "epo/kernels/cpu_features.h"
+#include "epo/tensor/bf16_simd.h"
 
 // GCC 12 reports its own AVX-512 intrinsics' deliberately undefined temporaries as possibly
 // uninitialized; the warning is about the header, not this code.
@@ -25,37 +26,24 @@ void bf16_to_f32_scalar(const BF16* src, float* dst, std::size_t n) {
         dst[i] = bf16_to_float(src[i]);
 }
 
-// Integer rounding of 16 lanes, identical to float_to_bf16: add 0x7fff + lsb, keep the top half;
-// NaN lanes take the truncated bits with the quiet bit set.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i round16_avx512(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_bf16_avx512(const float* src,
-                                                                             BF16* dst,
-                                                                             std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void f32_to_bf16_avx512(
+    const float* src, BF16* dst, std::size_t n) {
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                            round16_avx512(_mm512_loadu_ps(src + i)));
+                            simd::round_to_bf16(_mm512_loadu_ps(src + i)));
     }
     if (i < n) {
         const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-        _mm256_mask_storeu_epi16(dst + i, m, round16_avx512(_mm512_maskz_loadu_ps(m, src + i)));
+        _mm256_mask_storeu_epi16(dst + i, m,
+                                 simd::round_to_bf16(_mm512_maskz_loadu_ps(m, src + i)));
     }
 }
 
 // vcvtneps2bf16 rounds to nearest even and quiets NaNs exactly like float_to_bf16, but treats
 // subnormal inputs as zero; those lanes (rare) are redone with the integer rounding.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i round16_bf16(
-    __m512 v) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline __m256i
+round16_bf16(__m512 v) {
     const __m256i hw = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
     const __m512i abs_bits =
         _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
@@ -63,11 +51,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i r
         _mm512_sub_epi32(abs_bits, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x007fffff));
     if (subnormal == 0)
         return hw;
-    return _mm256_mask_mov_epi16(hw, subnormal, round16_avx512(v));
+    return _mm256_mask_mov_epi16(hw, subnormal, simd::round_to_bf16(v));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void f32_to_bf16_avx512bf16(
-    const float* src, BF16* dst, std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) void
+f32_to_bf16_avx512bf16(const float* src, BF16* dst, std::size_t n) {
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
@@ -79,9 +67,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void f32_to_bf16
     }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(const BF16* src,
-                                                                             float* dst,
-                                                                             std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void bf16_to_f32_avx512(
+    const BF16* src, float* dst, std::size_t n) {
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
@@ -111,9 +98,9 @@ bool bf16_impl_supported(Bf16Impl impl) {
         case Bf16Impl::kScalar:
             return true;
         case Bf16Impl::kAvx512:
-            return cpu.avx512f && cpu.avx512bw && cpu.avx512vl;
+            return cpu.avx512_core();
         case Bf16Impl::kAvx512Bf16:
-            return cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512_bf16;
+            return cpu.avx512_core() && cpu.avx512_bf16;
     }
     return false;
 }

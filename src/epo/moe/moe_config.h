@@ -1,0 +1,61 @@
+// MoeConfig: everything one MoE layer needs to know, in a small struct of its own (the model's
+// configuration tree maps onto it with moe_config_from). Field comments give the Megatron-Core
+// name each one mirrors.
+//
+// Letters: T tokens of the micro-batch on this rank, H hidden, E experts, K top-k, F expert FFN,
+// S shared-expert FFN, C capacity (rows per expert in capacity mode).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "epo/tensor/tensor.h"
+
+namespace epo::moe {
+
+enum class ScoreFunction { kSoftmax, kSigmoid };
+enum class LoadBalancing { kNone, kAuxLoss, kSeqAuxLoss };
+enum class DropPolicy { kProbs, kPosition };
+enum class Precision { kFp32, kBf16 };
+
+const char* score_function_name(ScoreFunction f);  // "softmax", "sigmoid"
+const char* load_balancing_name(LoadBalancing l);  // "none", "aux_loss", "seq_aux_loss"
+const char* drop_policy_name(DropPolicy p);        // "probs", "position"
+const char* precision_name(Precision p);           // "fp32", "bf16"
+
+struct MoeConfig {
+    std::int64_t hidden_size = 0;                            // H   hidden_size
+    std::int64_t num_experts = 0;                            // E   num_moe_experts
+    std::int64_t topk = 1;                                   // K   moe_router_topk
+    std::int64_t ffn_hidden_size = 0;                        // F   moe_ffn_hidden_size
+    ScoreFunction score_function = ScoreFunction::kSoftmax;  // moe_router_score_function
+    bool pre_softmax = false;                                // moe_router_pre_softmax
+    std::int64_t num_groups = 0;  // moe_router_num_groups (0: no group-limited routing)
+    std::int64_t group_topk = 0;  // moe_router_group_topk
+    std::optional<double> topk_scaling_factor;                    // moe_router_topk_scaling_factor
+    bool enable_expert_bias = false;                              // moe_router_enable_expert_bias
+    double expert_bias_update_rate = 1e-3;                        // moe_router_bias_update_rate
+    LoadBalancing load_balancing_type = LoadBalancing::kAuxLoss;  // moe_router_load_balancing_type
+    double aux_loss_coeff = 0.0;                                  // moe_aux_loss_coeff
+    double z_loss_coeff = 0.0;                                    // moe_z_loss_coeff (0: no z-loss)
+    std::optional<double> capacity_factor;        // moe_expert_capacity_factor (unset: dropless)
+    DropPolicy drop_policy = DropPolicy::kProbs;  // moe_token_drop_policy
+    bool pad_to_capacity = false;                 // moe_pad_expert_input_to_capacity
+    std::int64_t shared_expert_size = 0;        // S  moe_shared_expert_intermediate_size (0: none)
+    bool gradient_accumulation_fusion = false;  // gradient_accumulation_fusion
+    Precision precision = Precision::kBf16;     // bf16 = true / false
+};
+
+// Throws ErrorKind::kConfig naming the field, its value and the rule.
+void validate_moe_config(const MoeConfig& cfg);
+
+// The dtype kernels read and activations are stored in: bf16 or f32.
+DType compute_dtype(const MoeConfig& cfg);
+
+// Capacity per expert for T local tokens: ceil(T * K / E * capacity_factor), as the reference
+// computes it; -1 when dropless.
+std::int64_t expert_capacity(const MoeConfig& cfg, std::int64_t num_tokens);
+
+bool has_aux_loss(const MoeConfig& cfg);  // load balancing aux_loss or seq_aux_loss, coeff > 0
+
+}  // namespace epo::moe

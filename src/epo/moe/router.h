@@ -1,0 +1,85 @@
+// The router: gate linear, scores, top-k selection, routing weights and the auxiliary losses,
+// with its backward split into input gradients (dgrad) and weight gradients (wgrad).
+//
+//   logits = x W_r^T                                  [T, E] f32 (compute-dtype operands)
+//   softmax, pre_softmax=false: choose top-k of the logits; p = softmax over the k chosen logits
+//   softmax, pre_softmax=true:  s = softmax(logits); choose top-k of s; p = the chosen s
+//   sigmoid: s = sigmoid(logits); choose top-k of s + expert_bias (the bias only chooses);
+//            p = chosen s / (sum of chosen s + 1e-20) when K > 1, else the chosen s
+//   group-limited (num_groups > 0): a group's score is the sum of its best topk / group_topk
+//            selection values; keep the best group_topk groups, choose top-k inside them
+//   p *= moe_router_topk_scaling_factor when set
+// Top-k order: descending value, ties to the lower expert index; this order is also the k order
+// the combine sums in.
+//
+// Losses, per micro-batch from this rank's T tokens (sequence b = tokens [b*L, (b+1)*L)):
+//   aux_loss     = coeff * E / (K * T^2) * sum_e (sum_t s_aux[t,e]) * c[e]
+//   seq_aux_loss = coeff * mean_b [ E / (K * L^2) * sum_e (sum_{t in b} s_aux[t,e]) * c_b[e] ]
+//   z_loss       = z_coeff * mean_t (logsumexp_e logits[t,e])^2
+// s_aux = softmax of all logits (softmax router) or sigmoid / (its per-token sum + 1e-20)
+// (sigmoid router); c counts the tokens whose plain top-k of s_aux (no bias, no groups, before
+// capacity drops) includes e. The gradient flows through s_aux only, scaled by the caller's
+// loss_grad_scale (the factor the language-model loss gradient carries).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "epo/moe/moe_config.h"
+#include "epo/tensor/arena.h"
+#include "epo/tensor/param.h"
+
+namespace epo::moe {
+
+struct RouterParams {
+    Param weight;        // [E, H] "router.weight"
+    Tensor expert_bias;  // [E] f32 "router.expert_bias" when enabled (updated by
+                         // update_expert_bias, not by gradients); undefined otherwise
+};
+
+// One micro-batch's routing, kept until its backward (and wgrad) ran. Tensors live in the arena
+// given to router_forward.
+struct RouterOutput {
+    Tensor x;            // [T, H] the input (a view: the caller keeps it alive until wgrad)
+    Tensor logits;       // [T, E] f32
+    Tensor scores;       // [T, E] f32: softmax of the logits (softmax) or sigmoid (sigmoid)
+    Tensor lse;          // [T] f32 logsumexp of the logits (when the z-loss is on)
+    Tensor topk_index;   // [T, K] i32, best first
+    Tensor topk_prob;    // [T, K] f32 routing weights before the scaling factor
+    Tensor topk_weight;  // [T, K] f32 p: the weights the experts apply
+    std::vector<std::int64_t> routed_counts;  // [E] tokens routed to each expert (before drops)
+    std::vector<std::int64_t> aux_counts;     // [B, E] c_b[e] for the load-balancing loss
+    std::int64_t num_sequences = 1;           // B
+    float aux_loss = 0.0f;                    // aux_loss or seq_aux_loss (0 when off)
+    float z_loss = 0.0f;
+    Tensor dlogits;    // [T, E] f32, from router_backward_dgrad
+    Tensor dlogits_c;  // [T, E] compute dtype copy (the GEMM operand)
+};
+
+RouterParams make_router_params(const MoeConfig& cfg);
+
+RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, const Tensor& x,
+                            std::int64_t num_sequences, Arena& arena);
+
+// dlogits from dweight ([T, K] f32, dL/dp; zero for dropped slots) and the loss gradients;
+// then dx_acc ([T, H] f32) += dlogits W_r.
+void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, const Tensor& dweight,
+                           float loss_grad_scale, RouterOutput& out, const Tensor& dx_acc,
+                           Arena& arena);
+
+// weight.main_grad += dlogits^T x (straight into main_grad with gradient_accumulation_fusion,
+// else into a temporary from `arena` that is then added).
+void router_backward_wgrad(const MoeConfig& cfg, RouterParams& params, const RouterOutput& out,
+                           Arena& arena);
+
+// The reference's expert-bias rule, run once per optimizer step with the step's token counts
+// (summed over micro-batches and data-parallel ranks):
+//   expert_bias[e] += rate * sign(mean(tokens_per_expert) - tokens_per_expert[e])
+void update_expert_bias(const Tensor& expert_bias, std::span<const std::int64_t> tokens_per_expert,
+                        double rate);
+
+// Indices of the k largest of v[0..n), best first, ties to the lower index.
+void topk_indices(const float* v, std::int64_t n, std::int64_t k, std::int32_t* out);
+
+}  // namespace epo::moe

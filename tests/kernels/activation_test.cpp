@@ -1,0 +1,127 @@
+#include "epo/kernels/activation.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "epo/kernels/cpu_features.h"
+#include "epo/kernels/rows.h"
+#include "epo/tensor/random.h"
+
+namespace epo::kernels {
+namespace {
+
+double load(const Tensor& t, std::int64_t i) {
+    return t.dtype() == DType::kBF16 ? bf16_to_float(t.data<BF16>()[i]) : t.data<float>()[i];
+}
+
+TEST(Activation, FastExpIsAccurate) {
+    double worst = 0;
+    for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+        const double want = std::exp(static_cast<double>(x));
+        worst = std::max(worst, std::fabs(fast_exp(x) - want) / want);
+    }
+    EXPECT_LT(worst, 2e-7);
+    EXPECT_GT(fast_exp(1000.0f), 1e38f);  // clamped, finite
+    EXPECT_GE(fast_exp(-1000.0f), 0.0f);
+}
+
+struct Data {
+    Tensor h, da, probs;
+};
+
+Data make_data(std::int64_t rows, std::int64_t f, DType dt) {
+    Data d{Tensor::empty({rows, 2 * f}, dt), Tensor::empty({rows, f}, dt),
+           Tensor::empty({rows}, DType::kF32)};
+    fill_normal(d.h, 1, 0.0f, 3.0f);
+    fill_normal(d.da, 2, 0.0f, 1.0f);
+    fill_uniform(d.probs, 3, 0.0f, 1.0f);
+    return d;
+}
+
+// Against a double-precision evaluation of the formulas.
+TEST(Activation, SwigluMatchesTheFormulas) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+        const std::int64_t rows = 5, f = 37;
+        Data d = make_data(rows, f, dt);
+        Tensor a = Tensor::empty({rows, f}, dt);
+        Tensor dh = Tensor::empty({rows, 2 * f}, dt);
+        std::vector<float> dp(rows);
+        swiglu_forward(as_matrix(d.h), d.probs.data<float>(), as_matrix(a));
+        swiglu_backward(as_matrix(d.h), d.probs.data<float>(), as_matrix(d.da), as_matrix(dh),
+                        dp.data());
+        const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;  // bf16 stores: 2^-8 relative
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const double p = d.probs.data<float>()[r];
+            double dps = 0;
+            for (std::int64_t j = 0; j < f; ++j) {
+                const double g = load(d.h, r * 2 * f + j), u = load(d.h, r * 2 * f + f + j);
+                const double s = 1 / (1 + std::exp(-g)), da = load(d.da, r * f + j);
+                const double want_a = p * g * s * u;
+                EXPECT_NEAR(load(a, r * f + j), want_a, tol * (std::fabs(want_a) + 1e-3));
+                const double want_du = da * p * g * s;
+                const double want_dg = da * p * u * s * (1 + g * (1 - s));
+                EXPECT_NEAR(load(dh, r * 2 * f + f + j), want_du,
+                            tol * (std::fabs(want_du) + 1e-3));
+                EXPECT_NEAR(load(dh, r * 2 * f + j), want_dg, tol * (std::fabs(want_dg) + 1e-3));
+                dps += da * g * s * u;
+            }
+            EXPECT_NEAR(dp[r], dps, 1e-4 * (std::fabs(dps) + 1));
+        }
+    }
+}
+
+TEST(Activation, ScalarAndAvx512GiveTheSameBits) {
+    if (!cpu_features().avx512_core())
+        GTEST_SKIP() << "no AVX-512";
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (std::int64_t f : {1, 16, 37, 768}) {
+            const std::int64_t rows = 7;
+            Data d = make_data(rows, f, dt);
+            Tensor a1 = Tensor::empty({rows, f}, dt), a2 = Tensor::empty({rows, f}, dt);
+            Tensor h1 = Tensor::empty({rows, 2 * f}, dt), h2 = Tensor::empty({rows, 2 * f}, dt);
+            std::vector<float> p1(rows), p2(rows);
+            swiglu_forward(as_matrix(d.h), d.probs.data<float>(), as_matrix(a1),
+                           KernelImpl::kScalar);
+            swiglu_forward(as_matrix(d.h), d.probs.data<float>(), as_matrix(a2),
+                           KernelImpl::kAvx512);
+            swiglu_backward(as_matrix(d.h), d.probs.data<float>(), as_matrix(d.da), as_matrix(h1),
+                            p1.data(), KernelImpl::kScalar);
+            swiglu_backward(as_matrix(d.h), d.probs.data<float>(), as_matrix(d.da), as_matrix(h2),
+                            p2.data(), KernelImpl::kAvx512);
+            EXPECT_EQ(std::memcmp(a1.raw(), a2.raw(), a1.nbytes()), 0) << dtype_name(dt) << f;
+            EXPECT_EQ(std::memcmp(h1.raw(), h2.raw(), h1.nbytes()), 0) << dtype_name(dt) << f;
+            EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << dtype_name(dt) << f;
+        }
+    }
+}
+
+TEST(Activation, NullProbsMeansWeightOne) {
+    Data d = make_data(3, 8, DType::kF32);
+    Tensor a1 = Tensor::empty({3, 8}, DType::kF32), a2 = Tensor::empty({3, 8}, DType::kF32);
+    Tensor ones = Tensor::empty({3}, DType::kF32);
+    for (int i = 0; i < 3; ++i)
+        ones.data<float>()[i] = 1.0f;
+    swiglu_forward(as_matrix(d.h), nullptr, as_matrix(a1));
+    swiglu_forward(as_matrix(d.h), ones.data<float>(), as_matrix(a2));
+    EXPECT_EQ(std::memcmp(a1.raw(), a2.raw(), a1.nbytes()), 0);
+}
+
+TEST(Rows, AddLoadStore) {
+    Tensor src = Tensor::empty({37}, DType::kBF16);
+    fill_normal(src, 4, 0.0f, 1.0f);
+    std::vector<float> acc(37), want(37);
+    load_row(src.raw(), DType::kBF16, acc.data(), 37);
+    add_row(src.raw(), DType::kBF16, acc.data(), 37);
+    for (int i = 0; i < 37; ++i)
+        EXPECT_EQ(acc[i], 2 * bf16_to_float(src.data<BF16>()[i]));
+    Tensor out = Tensor::empty({37}, DType::kBF16);
+    store_row(acc.data(), out.raw(), DType::kBF16, 37);
+    for (int i = 0; i < 37; ++i)
+        EXPECT_EQ(out.data<BF16>()[i].bits, float_to_bf16(acc[i]).bits);
+}
+
+}  // namespace
+}  // namespace epo::kernels
