@@ -1,5 +1,7 @@
 #include "epo/moe/moe_layer.h"
 
+#include <chrono>
+
 #include "epo/kernels/rows.h"
 #include "epo/tensor/random.h"
 
@@ -9,6 +11,21 @@ namespace {
 bool has_shared(const MoeConfig& cfg) {
     return cfg.shared_expert_size > 0;
 }
+
+// Adds the time of its scope to a MoePhaseTimes field.
+class Stopwatch {
+public:
+    explicit Stopwatch(double& into) : into_(into), start_(std::chrono::steady_clock::now()) {}
+    ~Stopwatch() {
+        into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+    Stopwatch(const Stopwatch&) = delete;
+    Stopwatch& operator=(const Stopwatch&) = delete;
+
+private:
+    double& into_;
+    std::chrono::steady_clock::time_point start_;
+};
 
 // Rows the permuted buffers can need for T tokens, so their arena offsets do not move with the
 // routing (a steady-state step then maps nothing new).
@@ -41,12 +58,50 @@ void backward_prologue(const MoeConfig& cfg, const Tensor& dy, MoeContext& ctx) 
     ctx.dprobs_perm = alloc_rows(ctx.arena, bound, rp, 1, DType::kF32);
     ctx.dweight = ctx.arena.alloc({t_count, cfg.topk}, DType::kF32);
     ctx.dx_acc = ctx.arena.alloc({t_count, cfg.hidden_size}, DType::kF32);
+    Stopwatch sw(ctx.times.combine_bwd);
     combine_backward(ctx.plan, ctx.segments, dy, ctx.dy_perm);
 }
 
 void store_dx(const MoeConfig& cfg, const MoeContext& ctx, const Tensor& dx) {
     check_activation(cfg, dx, ctx.plan.num_tokens, "MoE layer dx");
     kernels::store_row(ctx.dx_acc.data<float>(), dx.raw(), dx.dtype(), dx.numel());
+}
+
+// After the experts: permute backward, router and shared expert dgrad (and their wgrad right
+// away when `wgrad_params` is given: the fused backward), dx.
+void backward_epilogue(const MoeConfig& cfg, const MoeLayerParams& params, const Tensor& dy,
+                       float loss_grad_scale, MoeContext& ctx, const Tensor& dx,
+                       MoeLayerParams* wgrad_params) {
+    MoePhaseTimes& tm = ctx.times;
+    {
+        Stopwatch sw(tm.permute_bwd);
+        permute_backward(ctx.plan, ctx.segments, ctx.dx_perm, ctx.dprobs_perm, ctx.dx_acc,
+                         ctx.dweight);
+    }
+    {
+        Stopwatch sw(tm.router_dgrad);
+        router_backward_dgrad(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router,
+                              ctx.dx_acc, ctx.arena);
+    }
+    if (wgrad_params) {
+        Stopwatch sw(tm.router_wgrad);
+        router_backward_wgrad(cfg, wgrad_params->router, ctx.router, ctx.arena);
+    }
+    if (has_shared(cfg)) {
+        {
+            Stopwatch sw(tm.shared_dgrad);
+            shared_expert_backward_dgrad(params.shared, dy, ctx.dx_acc, ctx.shared, ctx.arena);
+        }
+        if (wgrad_params) {
+            Stopwatch sw(tm.shared_wgrad);
+            shared_expert_backward_wgrad(wgrad_params->shared, cfg.gradient_accumulation_fusion,
+                                         ctx.shared, ctx.arena);
+        }
+    }
+    {
+        Stopwatch sw(tm.combine_bwd);  // the final f32 -> activation dtype store of dx
+        store_dx(cfg, ctx, dx);
+    }
 }
 
 }  // namespace
@@ -89,41 +144,54 @@ MoeLosses moe_forward(const MoeConfig& cfg, const MoeLayerParams& params, const 
     check_activation(cfg, x, t_count, "MoE layer input x");
     check_activation(cfg, y, t_count, "MoE layer output y");
     ctx.arena.reset();
+    ctx.times = MoePhaseTimes{};
     Arena& arena = ctx.arena;
+    MoePhaseTimes& tm = ctx.times;
 
     if (has_shared(cfg)) {
+        Stopwatch sw(tm.shared_fwd);
         ctx.shared_out = arena.alloc({t_count, cfg.hidden_size}, DType::kF32);
         shared_expert_forward(params.shared, x, ctx.shared_out, ctx.shared, arena);
     } else {
         ctx.shared_out = Tensor();
     }
-    ctx.router = router_forward(cfg, params.router, x, num_sequences, arena);
-    ctx.plan = dispatch_preprocess(cfg, ctx.router.topk_index, ctx.router.topk_weight, arena);
-    ctx.segments = make_expert_segments(ctx.plan.tokens_per_expert, kExpertRowAlign);
-
-    const std::int64_t bound = row_bound(cfg, t_count), rp = ctx.segments.total_rows();
-    ctx.x_perm = alloc_rows(arena, bound, rp, cfg.hidden_size, dt);
-    ctx.probs_perm = alloc_rows(arena, bound, rp, 1, DType::kF32);
-    ctx.y_perm = alloc_rows(arena, bound, rp, cfg.hidden_size, dt);
-    permute_forward(ctx.plan, ctx.segments, x, ctx.router.topk_weight, ctx.x_perm, ctx.probs_perm);
-    experts_forward(params.experts, ctx.segments, ctx.x_perm, ctx.probs_perm, ctx.y_perm,
-                    ctx.experts, arena);
-    combine_forward(ctx.plan, ctx.segments, ctx.y_perm, ctx.shared_out, y);
+    {
+        Stopwatch sw(tm.router_fwd);
+        ctx.router = router_forward(cfg, params.router, x, num_sequences, arena);
+    }
+    {
+        Stopwatch sw(tm.dispatch_fwd);
+        ctx.plan = dispatch_preprocess(cfg, ctx.router.topk_index, ctx.router.topk_weight, arena);
+        ctx.segments = make_expert_segments(ctx.plan.tokens_per_expert, kExpertRowAlign);
+        const std::int64_t bound = row_bound(cfg, t_count), rp = ctx.segments.total_rows();
+        ctx.x_perm = alloc_rows(arena, bound, rp, cfg.hidden_size, dt);
+        ctx.probs_perm = alloc_rows(arena, bound, rp, 1, DType::kF32);
+        ctx.y_perm = alloc_rows(arena, bound, rp, cfg.hidden_size, dt);
+        permute_forward(ctx.plan, ctx.segments, x, ctx.router.topk_weight, ctx.x_perm,
+                        ctx.probs_perm);
+    }
+    {
+        Stopwatch sw(tm.experts_fwd);
+        experts_forward(params.experts, ctx.segments, ctx.x_perm, ctx.probs_perm, ctx.y_perm,
+                        ctx.experts, arena);
+    }
+    {
+        Stopwatch sw(tm.combine_fwd);
+        combine_forward(ctx.plan, ctx.segments, ctx.y_perm, ctx.shared_out, y);
+    }
     return MoeLosses{ctx.router.aux_loss, ctx.router.z_loss};
 }
 
 void moe_backward_dgrad(const MoeConfig& cfg, const MoeLayerParams& params, const Tensor& dy,
                         float loss_grad_scale, MoeContext& ctx, const Tensor& dx) {
     backward_prologue(cfg, dy, ctx);
-    experts_backward_dgrad(params.experts, ctx.dy_perm, ctx.dx_perm, ctx.dprobs_perm, ctx.experts,
-                           ctx.arena);
-    permute_backward(ctx.plan, ctx.segments, ctx.dx_perm, ctx.dprobs_perm, ctx.dx_acc, ctx.dweight);
-    router_backward_dgrad(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router, ctx.dx_acc,
-                          ctx.arena);
-    if (has_shared(cfg)) {
-        shared_expert_backward_dgrad(params.shared, dy, ctx.dx_acc, ctx.shared, ctx.arena);
+    MoePhaseTimes& tm = ctx.times;
+    {
+        Stopwatch sw(tm.experts_dgrad);
+        experts_backward_dgrad(params.experts, ctx.dy_perm, ctx.dx_perm, ctx.dprobs_perm,
+                               ctx.experts, ctx.arena);
     }
-    store_dx(cfg, ctx, dx);
+    backward_epilogue(cfg, params, dy, loss_grad_scale, ctx, dx, nullptr);
 }
 
 void moe_backward_wgrad(const MoeConfig& cfg, MoeLayerParams& params, MoeContext& ctx) {

@@ -38,6 +38,25 @@ void init_moe_layer_params(MoeLayerParams& params, std::uint64_t seed, float ini
 // The trainable weights, in a fixed order (router, experts fc1, fc2, shared fc1, fc2).
 std::vector<Param*> moe_layer_param_list(MoeLayerParams& params);
 
+// Seconds each phase took in the last forward / backward of a context (steady_clock; for
+// benchmarks and traces). The fused backward counts the interleaved expert dgrad + wgrad under
+// experts_dgrad.
+struct MoePhaseTimes {
+    double shared_fwd = 0, router_fwd = 0, dispatch_fwd = 0, experts_fwd = 0, combine_fwd = 0;
+    double combine_bwd = 0, experts_dgrad = 0, permute_bwd = 0, router_dgrad = 0, shared_dgrad = 0;
+    double experts_wgrad = 0, router_wgrad = 0, shared_wgrad = 0;
+
+    // Router, dispatch preprocess, permutation and unpermutation (combine), both directions.
+    double routing() const {
+        return router_fwd + dispatch_fwd + combine_fwd + combine_bwd + permute_bwd + router_dgrad +
+               router_wgrad;
+    }
+    double total() const {
+        return routing() + shared_fwd + experts_fwd + experts_dgrad + shared_dgrad + experts_wgrad +
+               shared_wgrad;
+    }
+};
+
 // One micro-batch's state between its forward and its wgrad. Reused across steps: forward resets
 // its arena, so a steady-state step allocates nothing new.
 struct MoeContext {
@@ -56,6 +75,7 @@ struct MoeContext {
     Tensor dprobs_perm;  // [Rp] f32
     Tensor dweight;      // [T, K] f32
     Tensor dx_acc;       // [T, H] f32
+    MoePhaseTimes times;
 };
 
 struct MoeLosses {

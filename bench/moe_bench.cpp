@@ -1,0 +1,233 @@
+// MoE performance on qwen3-30b-a3b shapes (hidden 2048, expert FFN 768), bf16, one thread
+// (run with OMP_NUM_THREADS=1).
+//
+//   BM_ExpertFfn/<rows per expert>/<impl>   8 local experts, forward + backward (dgrad + wgrad)
+//     impl 0: epo experts (experts_forward + experts_backward, gradient-accumulation fusion)
+//     impl 1: the same 6 GEMMs per expert issued directly to oneDNN (exact-shape primitives
+//             created outside the timed loop, plain weights) - no activation, no bookkeeping
+//     impl 2: epo experts with plain (unpacked) weights
+//   BM_MoeLayer/<tokens>/<fresh routing>   the whole layer, 8 experts, top-2, forward + backward
+//     fresh routing 1: new router weights every iteration, so the rows per expert change
+//   Counters: GFLOP/s (model FLOPs: 18 * rows * H * F per expert pass, = 3 * T * K * 6 * H * F
+//   for the layer, router not counted), minor page faults and new oneDNN primitives per
+//   iteration (after two warm-up iterations), and for the layer the share of its time spent in
+//   router + dispatch + permutation + unpermutation.
+//
+// Run: OMP_NUM_THREADS=1 build/release/bench/moe_bench --benchmark_repetitions=5
+//        --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "epo/kernels/gemm.h"
+#include "epo/moe/moe_layer.h"
+#include "epo/tensor/random.h"
+
+namespace {
+
+using epo::DType;
+using epo::Tensor;
+namespace moe = epo::moe;
+
+constexpr std::int64_t kHidden = 2048, kFfn = 768, kExperts = 8;
+
+long minor_faults() {
+    rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+}
+
+Tensor random_bf16(const epo::Shape& shape, std::uint64_t seed) {
+    Tensor t = Tensor::empty(shape, DType::kBF16);
+    epo::fill_uniform(t, seed, -1.0f, 1.0f);  // fast enough for 100M-element fills
+    return t;
+}
+
+// Per-iteration counters measured around the timed loop.
+struct SteadyState {
+    long faults0 = minor_faults();
+    std::int64_t prims0 = epo::kernels::gemm_cache_stats().creations;
+    void report(benchmark::State& state) const {
+        const double n = static_cast<double>(state.iterations());
+        state.counters["faults/iter"] = static_cast<double>(minor_faults() - faults0) / n;
+        state.counters["new_prims/iter"] =
+            static_cast<double>(epo::kernels::gemm_cache_stats().creations - prims0) / n;
+    }
+};
+
+// ---- The baseline: the experts' GEMMs straight through oneDNN's API --------------------------
+
+using dnnl::memory;
+using dt = memory::data_type;
+
+struct DirectGemm {
+    dnnl::matmul prim;
+    memory::desc a, b, c;
+};
+
+// C[M,N] (+)= op(A)[M,K] op(B)[K,N], row-major, A stored transposed when ta, B when tb.
+DirectGemm make_direct(dnnl::engine& eng, memory::dim m, memory::dim k, memory::dim n, bool ta,
+                       bool tb, dt c_type, bool accumulate) {
+    DirectGemm g;
+    g.a = ta ? memory::desc({m, k}, dt::bf16, memory::dims{1, m})
+             : memory::desc({m, k}, dt::bf16, memory::dims{k, 1});
+    g.b = tb ? memory::desc({k, n}, dt::bf16, memory::dims{1, k})
+             : memory::desc({k, n}, dt::bf16, memory::dims{n, 1});
+    g.c = memory::desc({m, n}, c_type, memory::dims{n, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+    }
+    g.prim =
+        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(g.a, g.b, g.c), attr, eng));
+    return g;
+}
+
+void run_direct(const DirectGemm& g, dnnl::engine& eng, dnnl::stream& s, void* a, void* b,
+                void* c) {
+    memory am(g.a, eng, a), bm(g.b, eng, b), cm(g.c, eng, c);
+    g.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+}
+
+char* rows_at(const Tensor& t, std::int64_t row) {
+    return static_cast<char*>(t.raw()) + row * t.row_size() * epo::dtype_size(t.dtype());
+}
+
+void BM_ExpertFfn(benchmark::State& state) {
+    const std::int64_t rows = state.range(0);
+    const int impl = static_cast<int>(state.range(1));
+    const std::int64_t total = rows * kExperts;
+    moe::ExpertWeights w = moe::make_expert_weights(kExperts, kHidden, kFfn, DType::kBF16);
+    epo::fill_normal(w.fc1.master, 1, 0.0f, 0.02f);
+    epo::fill_normal(w.fc2.master, 2, 0.0f, 0.02f);
+    epo::refresh_compute(w.fc1);
+    epo::refresh_compute(w.fc2);
+    w.use_packed = impl != 2;
+    Tensor x = random_bf16({total, kHidden}, 3), dy = random_bf16({total, kHidden}, 4);
+    Tensor y = Tensor::empty({total, kHidden}, DType::kBF16);
+    Tensor dx = Tensor::empty({total, kHidden}, DType::kBF16);
+    Tensor probs = Tensor::empty({total}, DType::kF32),
+           dprobs = Tensor::empty({total}, DType::kF32);
+    epo::fill_uniform(probs, 5, 0.1f, 1.0f);
+    const std::vector<std::int64_t> counts(kExperts, rows);
+    const moe::ExpertSegments seg = moe::make_expert_segments(counts, moe::kExpertRowAlign);
+
+    std::function<void()> step;
+    moe::ExpertsContext ctx;
+    epo::Arena arena("bench");
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream strm(eng);
+    Tensor h, a, da, dh;
+    std::vector<DirectGemm> g;
+    if (impl == 1) {
+        h = random_bf16({rows, 2 * kFfn}, 6);
+        a = random_bf16({rows, kFfn}, 7);
+        da = random_bf16({rows, kFfn}, 8);
+        dh = random_bf16({rows, 2 * kFfn}, 9);
+        g = {
+            make_direct(eng, rows, kHidden, 2 * kFfn, false, true, dt::bf16, false),   // h = x W1^T
+            make_direct(eng, rows, kFfn, kHidden, false, true, dt::bf16, false),       // y = a W2^T
+            make_direct(eng, rows, kHidden, kFfn, false, false, dt::bf16, false),      // da = dy W2
+            make_direct(eng, rows, 2 * kFfn, kHidden, false, false, dt::bf16, false),  // dx = dh W1
+            make_direct(eng, kHidden, rows, kFfn, true, false, dt::f32, true),  // dW2 += dy^T a
+            make_direct(eng, 2 * kFfn, rows, kHidden, true, false, dt::f32,
+                        true)};  // dW1 += dh^T x
+        step = [&] {
+            for (std::int64_t e = 0; e < kExperts; ++e) {
+                const std::int64_t r0 = e * rows;
+                char* w1 = static_cast<char*>(w.fc1.compute.raw()) + e * 2 * kFfn * kHidden * 2;
+                char* w2 = static_cast<char*>(w.fc2.compute.raw()) + e * kHidden * kFfn * 2;
+                float* g1 = w.fc1.main_grad.data<float>() + e * 2 * kFfn * kHidden;
+                float* g2 = w.fc2.main_grad.data<float>() + e * kHidden * kFfn;
+                run_direct(g[0], eng, strm, rows_at(x, r0), w1, h.raw());
+                run_direct(g[1], eng, strm, a.raw(), w2, rows_at(y, r0));
+                run_direct(g[2], eng, strm, rows_at(dy, r0), w2, da.raw());
+                run_direct(g[3], eng, strm, dh.raw(), w1, rows_at(dx, r0));
+                run_direct(g[4], eng, strm, rows_at(dy, r0), a.raw(), g2);
+                run_direct(g[5], eng, strm, dh.raw(), rows_at(x, r0), g1);
+            }
+        };
+    } else {
+        step = [&] {
+            arena.reset();
+            moe::experts_forward(w, seg, x, probs, y, ctx, arena);
+            moe::experts_backward(w, /*fusion=*/true, dy, dx, dprobs, ctx, arena);
+        };
+    }
+    step();
+    step();
+    SteadyState steady;
+    for (auto _ : state)
+        step();
+    steady.report(state);
+    state.SetLabel(impl == 0 ? "epo experts" : impl == 1 ? "direct oneDNN GEMMs" : "epo, unpacked");
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(18.0 * static_cast<double>(total) * kHidden * kFfn * 1e-9,
+                           benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_MoeLayer(benchmark::State& state) {
+    const std::int64_t tokens = state.range(0);
+    const bool fresh_routing = state.range(1) != 0;
+    moe::MoeConfig cfg;
+    cfg.hidden_size = kHidden;
+    cfg.num_experts = kExperts;
+    cfg.topk = 2;
+    cfg.ffn_hidden_size = kFfn;
+    cfg.load_balancing_type = moe::LoadBalancing::kAuxLoss;
+    cfg.aux_loss_coeff = 1e-3;
+    cfg.gradient_accumulation_fusion = true;
+    cfg.precision = moe::Precision::kBf16;
+    moe::MoeLayerParams params = moe::make_moe_layer_params(cfg);
+    moe::init_moe_layer_params(params, 7, 0.02f);
+    Tensor x = random_bf16({tokens, kHidden}, 8), dy = random_bf16({tokens, kHidden}, 9);
+    Tensor y = Tensor::empty({tokens, kHidden}, DType::kBF16);
+    Tensor dx = Tensor::empty({tokens, kHidden}, DType::kBF16);
+    moe::MoeContext ctx;
+    std::uint64_t seed = 100;
+    auto reroute = [&] {
+        epo::fill_normal(params.router.weight.master, ++seed, 0.0f, 0.02f);
+        epo::refresh_compute(params.router.weight);
+    };
+    auto step = [&] {
+        moe::moe_forward(cfg, params, x, 1, ctx, y);
+        moe::moe_backward(cfg, params, dy, 1.0f, ctx, dx);
+    };
+    step();
+    step();
+    SteadyState steady;
+    double routing = 0, total = 0;
+    for (auto _ : state) {
+        if (fresh_routing) {
+            state.PauseTiming();
+            reroute();
+            state.ResumeTiming();
+        }
+        step();
+        routing += ctx.times.routing();
+        total += ctx.times.total();
+    }
+    steady.report(state);
+    state.counters["routing_share"] = routing / total;
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(18.0 * static_cast<double>(tokens) * cfg.topk * kHidden * kFfn * 1e-9,
+                           benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_ExpertFfn)
+    ->ArgsProduct({{512, 1024, 2048, 4096}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+BENCHMARK(BM_MoeLayer)
+    ->ArgsProduct({{2048, 4096}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();
