@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "epo/config/config.h"
+
 namespace epo::moe {
 namespace {
 
@@ -97,6 +99,10 @@ DType compute_dtype(const MoeConfig& cfg) {
     return cfg.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
 }
 
+DType router_dtype(const MoeConfig& cfg) {
+    return cfg.router_fp32 ? DType::kF32 : compute_dtype(cfg);
+}
+
 std::int64_t expert_capacity(const MoeConfig& cfg, std::int64_t num_tokens) {
     if (!cfg.capacity_factor)
         return -1;
@@ -107,6 +113,60 @@ std::int64_t expert_capacity(const MoeConfig& cfg, std::int64_t num_tokens) {
 
 bool has_aux_loss(const MoeConfig& cfg) {
     return cfg.load_balancing_type != LoadBalancing::kNone && cfg.aux_loss_coeff > 0;
+}
+
+MoeConfig moe_config_from(const config::ModelConfig& m) {
+    if (!config::is_moe(m)) {
+        bad("model.num_moe_experts is null or 0: this is a dense model, it has no MoE layer");
+    }
+    if (m.fp16)
+        bad("model.fp16=true: fp16 (with loss scaling) is not supported; use model.bf16");
+    MoeConfig c;
+    c.hidden_size = m.hidden_size;
+    c.num_experts = *m.num_moe_experts;
+    c.topk = m.moe_router_topk;
+    c.ffn_hidden_size = config::moe_ffn_hidden_size(m);
+    c.score_function = m.moe_router_score_function == config::ScoreFunction::kSigmoid
+                           ? ScoreFunction::kSigmoid
+                           : ScoreFunction::kSoftmax;
+    c.pre_softmax = m.moe_router_pre_softmax;
+    c.num_groups = m.moe_router_num_groups.value_or(0);
+    c.group_topk = m.moe_router_group_topk.value_or(0);
+    c.topk_scaling_factor = m.moe_router_topk_scaling_factor;
+    if (m.moe_router_dtype == config::RouterDtype::kFp64) {
+        bad("model.moe_router_dtype=fp64 is not supported by this runtime; use fp32 or null");
+    }
+    c.router_fp32 = m.moe_router_dtype == config::RouterDtype::kFp32;
+    c.enable_expert_bias = m.moe_router_enable_expert_bias;
+    c.expert_bias_update_rate = m.moe_router_bias_update_rate;
+    switch (m.moe_router_load_balancing_type) {
+        case config::LoadBalancingType::kAuxLoss:
+            c.load_balancing_type = LoadBalancing::kAuxLoss;
+            break;
+        case config::LoadBalancingType::kSeqAuxLoss:
+            c.load_balancing_type = LoadBalancing::kSeqAuxLoss;
+            break;
+        case config::LoadBalancingType::kNone:
+            c.load_balancing_type = LoadBalancing::kNone;
+            break;
+        default:
+            bad(
+                fmt::format("model.moe_router_load_balancing_type={} is not supported by this "
+                            "runtime; use aux_loss, seq_aux_loss or none",
+                            config::enum_name(m.moe_router_load_balancing_type)));
+    }
+    c.aux_loss_coeff = m.moe_aux_loss_coeff;
+    c.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
+    c.capacity_factor = m.moe_expert_capacity_factor;
+    c.drop_policy = m.moe_token_drop_policy == config::TokenDropPolicy::kPosition
+                        ? DropPolicy::kPosition
+                        : DropPolicy::kProbs;
+    c.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
+    c.shared_expert_size = m.moe_shared_expert_intermediate_size.value_or(0);
+    c.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
+    c.precision = m.bf16 ? Precision::kBf16 : Precision::kFp32;
+    validate_moe_config(c);
+    return c;
 }
 
 }  // namespace epo::moe

@@ -11,6 +11,10 @@
 
 #include "epo/tensor/tensor.h"
 
+namespace epo::config {
+struct ModelConfig;
+}
+
 namespace epo::moe {
 
 enum class ScoreFunction { kSoftmax, kSigmoid };
@@ -32,8 +36,10 @@ struct MoeConfig {
     bool pre_softmax = false;                                // moe_router_pre_softmax
     std::int64_t num_groups = 0;  // moe_router_num_groups (0: no group-limited routing)
     std::int64_t group_topk = 0;  // moe_router_group_topk
-    std::optional<double> topk_scaling_factor;                    // moe_router_topk_scaling_factor
-    bool enable_expert_bias = false;                              // moe_router_enable_expert_bias
+    std::optional<double> topk_scaling_factor;  // moe_router_topk_scaling_factor
+    bool router_fp32 = false;         // moe_router_dtype=fp32: router products in fp32 (the input
+                                      // widened, the fp32 master weight) even in bf16 mode
+    bool enable_expert_bias = false;  // moe_router_enable_expert_bias
     double expert_bias_update_rate = 1e-3;                        // moe_router_bias_update_rate
     LoadBalancing load_balancing_type = LoadBalancing::kAuxLoss;  // moe_router_load_balancing_type
     double aux_loss_coeff = 0.0;                                  // moe_aux_loss_coeff
@@ -51,11 +57,19 @@ void validate_moe_config(const MoeConfig& cfg);
 
 // The dtype kernels read and activations are stored in: bf16 or f32.
 DType compute_dtype(const MoeConfig& cfg);
+// The dtype of the router's products: f32 with router_fp32, else compute_dtype.
+DType router_dtype(const MoeConfig& cfg);
 
 // Capacity per expert for T local tokens: ceil(T * K / E * capacity_factor), as the reference
 // computes it; -1 when dropless.
 std::int64_t expert_capacity(const MoeConfig& cfg, std::int64_t num_tokens);
 
 bool has_aux_loss(const MoeConfig& cfg);  // load balancing aux_loss or seq_aux_loss, coeff > 0
+
+// The MoE layer of a model configuration (Megatron field names, see epo/config/model_config.h):
+// precision bf16 when model.bf16, else fp32. Raises kConfig for a dense model and for settings
+// this runtime does not execute (fp16, global_aux_loss, sinkhorn, an fp64 router), naming the
+// field; the result is validated.
+MoeConfig moe_config_from(const config::ModelConfig& model);
 
 }  // namespace epo::moe

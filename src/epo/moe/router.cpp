@@ -77,6 +77,11 @@ void aux_scores_row(const MoeConfig& cfg, const float* scores, float* s_aux) {
         s_aux[e] = scores[e] / (sum + kSigmoidNormEps);
 }
 
+// The weight operand of the router's products.
+const Tensor& weight_operand(const MoeConfig& cfg, const RouterParams& params) {
+    return cfg.router_fp32 ? params.weight.master : params.weight.compute;
+}
+
 }  // namespace
 
 void topk_indices(const float* v, std::int64_t n, std::int64_t k, std::int32_t* out) {
@@ -115,6 +120,11 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
     }
     RouterOutput out;
     out.x = x;
+    if (router_dtype(cfg) != x.dtype()) {  // fp32 router in bf16 mode
+        out.x = arena.alloc(x.shape(), DType::kF32);
+        convert_bf16_to_f32(x.data<BF16>(), out.x.data<float>(),
+                            static_cast<std::size_t>(x.numel()));
+    }
     out.num_sequences = num_sequences;
     out.logits = arena.alloc({t_count, e_count}, DType::kF32);
     out.scores = arena.alloc({t_count, e_count}, DType::kF32);
@@ -128,7 +138,7 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
     if (z)
         out.lse = arena.alloc({t_count}, DType::kF32);
 
-    kernels::gemm(as_matrix(x), as_matrix(params.weight.compute), as_matrix(out.logits),
+    kernels::gemm(as_matrix(out.x), as_matrix(weight_operand(cfg, params)), as_matrix(out.logits),
                   {false, /*trans_b=*/true, false, false});
 
     // Per-token scratch (E or K values), from the arena like everything else.
@@ -327,16 +337,16 @@ void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, con
             }
         }
     }
-    // dx_acc += dlogits W_r with compute-dtype operands.
-    if (compute_dtype(cfg) == DType::kF32) {
+    // dx_acc += dlogits W_r with router-dtype operands.
+    if (router_dtype(cfg) == DType::kF32) {
         out.dlogits_c = out.dlogits;
     } else {
         out.dlogits_c = arena.alloc({t_count, e_count}, DType::kBF16);
         convert_f32_to_bf16(out.dlogits.data<float>(), out.dlogits_c.data<BF16>(),
                             static_cast<std::size_t>(t_count * e_count));
     }
-    kernels::gemm(as_matrix(out.dlogits_c), as_matrix(params.weight.compute), as_matrix(dx_acc),
-                  {false, false, /*accumulate=*/true, false});
+    kernels::gemm(as_matrix(out.dlogits_c), as_matrix(weight_operand(cfg, params)),
+                  as_matrix(dx_acc), {false, false, /*accumulate=*/true, false});
 }
 
 void router_backward_wgrad(const MoeConfig& cfg, RouterParams& params, const RouterOutput& out,

@@ -1,7 +1,8 @@
 // The router: gate linear, scores, top-k selection, routing weights and the auxiliary losses,
 // with its backward split into input gradients (dgrad) and weight gradients (wgrad).
 //
-//   logits = x W_r^T                                  [T, E] f32 (compute-dtype operands)
+//   logits = x W_r^T                 [T, E] f32 (compute-dtype operands; with router_fp32 the
+//                                    input widened to f32 and the fp32 master weight)
 //   softmax, pre_softmax=false: choose top-k of the logits; p = softmax over the k chosen logits
 //   softmax, pre_softmax=true:  s = softmax(logits); choose top-k of s; p = the chosen s
 //   sigmoid: s = sigmoid(logits); choose top-k of s + expert_bias (the bias only chooses);
@@ -41,7 +42,8 @@ struct RouterParams {
 // One micro-batch's routing, kept until its backward (and wgrad) ran. Tensors live in the arena
 // given to router_forward.
 struct RouterOutput {
-    Tensor x;            // [T, H] the input (a view: the caller keeps it alive until wgrad)
+    Tensor x;            // [T, H] the input in router_dtype (a view of the caller's input, or
+                         // its f32 copy for an fp32 router; kept until wgrad)
     Tensor logits;       // [T, E] f32
     Tensor scores;       // [T, E] f32: softmax of the logits (softmax) or sigmoid (sigmoid)
     Tensor lse;          // [T] f32 logsumexp of the logits (when the z-loss is on)
@@ -54,7 +56,7 @@ struct RouterOutput {
     float aux_loss = 0.0f;                    // aux_loss or seq_aux_loss (0 when off)
     float z_loss = 0.0f;
     Tensor dlogits;    // [T, E] f32, from router_backward_dgrad
-    Tensor dlogits_c;  // [T, E] compute dtype copy (the GEMM operand)
+    Tensor dlogits_c;  // [T, E] in router_dtype (the GEMM operand)
 };
 
 RouterParams make_router_params(const MoeConfig& cfg);
