@@ -1,0 +1,52 @@
+// Launching ranks: the mpirun/mpiexec command line that works as root on a small machine, with
+// one OpenMP thread count per rank, for Open MPI and MPICH alike.
+//
+// Open MPI refuses to run as root and to start more ranks than cores unless told
+// (--allow-run-as-root, --oversubscribe); MPICH's hydra needs neither. Debian's oneDNN uses
+// OpenMP, which starts one thread per CPU in every rank unless OMP_NUM_THREADS says otherwise:
+// with several ranks on a few cores that oversubscribes, so every rank gets an explicit count.
+// Used by `epo launch` (scripts/epo-mpirun), by tests that must watch a whole job from outside
+// (exit status, stderr, time), and by the benchmark harness.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epo/comm/mpi_runtime.h"
+
+namespace epo::comm {
+
+struct LaunchOptions {
+    int num_ranks = 1;
+    std::vector<std::string> command;  // program and its arguments, run on every rank
+    // OMP_NUM_THREADS per rank; 0 = keep the caller's OMP_NUM_THREADS if set, else
+    // max(1, cores / num_ranks).
+    int omp_threads = 0;
+    std::string mpiexec;                    // empty = the launcher of the linked MPI library
+    std::vector<std::string> mpiexec_args;  // extra launcher flags, e.g. "--bind-to", "none"
+    std::vector<std::pair<std::string, std::string>> env;  // extra environment of every rank
+};
+
+// Raises epo::Error naming the option for bad values (no ranks, no command).
+std::vector<std::string> make_launch_command(const LaunchOptions& options, MpiFlavor flavor,
+                                             bool as_root, int num_cores);
+// Same, for the linked MPI library, the current user and this machine's cores.
+std::vector<std::string> make_launch_command(const LaunchOptions& options);
+
+struct LaunchResult {
+    int exit_status = -1;  // the launcher's exit status; 128 + signal if it was killed
+    bool timed_out = false;
+    double elapsed_s = 0;
+    std::string stdout_text;
+    std::string stderr_text;
+};
+
+// Runs the command, capturing its output; past `timeout_s` the whole process group is killed
+// (SIGTERM, then SIGKILL) and timed_out is set.
+LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s);
+
+// Replaces this process with the command (for `epo launch`); raises epo::Error if it cannot.
+[[noreturn]] void exec_launch(const std::vector<std::string>& argv);
+
+}  // namespace epo::comm

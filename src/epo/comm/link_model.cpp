@@ -1,0 +1,75 @@
+#include "epo/comm/link_model.h"
+
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <ctime>
+
+#include "epo/core/error.h"
+
+namespace epo::comm {
+
+ByteCounts& ByteCounts::operator+=(const ByteCounts& o) {
+    intra_sent += o.intra_sent;
+    intra_recv += o.intra_recv;
+    inter_sent += o.inter_sent;
+    inter_recv += o.inter_recv;
+    return *this;
+}
+
+ByteCounts operator-(ByteCounts a, const ByteCounts& b) {
+    a.intra_sent -= b.intra_sent;
+    a.intra_recv -= b.intra_recv;
+    a.inter_sent -= b.inter_sent;
+    a.inter_recv -= b.inter_recv;
+    return a;
+}
+
+void validate_link_model(const LinkModel& model) {
+    const struct {
+        const char* key;
+        double value;
+    } fields[] = {{"comm.link.inter_node_gbps", model.inter_node_gbps},
+                  {"comm.link.intra_node_gbps", model.intra_node_gbps},
+                  {"comm.link.latency_us", model.latency_us}};
+    for (const auto& f : fields) {
+        if (!std::isfinite(f.value) || f.value < 0) {
+            throw Error(ErrorKind::kConfig,
+                        fmt::format("{}={} is not a finite non-negative number: set it to 0 (link "
+                                    "model off) or a positive value",
+                                    f.key, f.value));
+        }
+    }
+}
+
+double modelled_seconds(const LinkModel& model, const ByteCounts& bytes) {
+    if (!model.enabled())
+        return 0;
+    // Gbit/s -> bytes/s: * 1e9 / 8.
+    auto transfer = [](int64_t sent, int64_t recv, double gbps) {
+        return gbps > 0 ? static_cast<double>(std::max(sent, recv)) / (gbps * 1e9 / 8) : 0.0;
+    };
+    const double inter = transfer(bytes.inter_sent, bytes.inter_recv, model.inter_node_gbps);
+    const double intra = transfer(bytes.intra_sent, bytes.intra_recv, model.intra_node_gbps);
+    return model.latency_us * 1e-6 + std::max(inter, intra);
+}
+
+void sleep_until(Clock::time_point deadline) {
+    // Timer slack is per thread; the default 50 us adds to every wake-up.
+    thread_local bool slack_lowered = false;
+    if (!slack_lowered) {
+        prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+        slack_lowered = true;
+    }
+    const int64_t ns = to_ns(deadline);
+    timespec ts{};
+    ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+    ts.tv_nsec = static_cast<long>(ns % 1000000000);
+    // steady_clock is CLOCK_MONOTONIC on Linux, so the absolute deadline is in the same time base.
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+    }
+}
+
+}  // namespace epo::comm

@@ -1,0 +1,76 @@
+#include "epo/comm/rank_runner.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "epo/core/error.h"
+
+namespace epo::comm {
+
+std::string describe_exception(const std::exception_ptr& error) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const Error& e) {
+        return fmt::format("{}: {} [at {}]", error_kind_name(e.kind()), e.what(), e.where());
+    } catch (const std::exception& e) {
+        return fmt::format("internal error: {}", e.what());
+    } catch (...) {
+        return "internal error: unknown exception";
+    }
+}
+
+void abort_job(const std::string& message, int exit_status) {
+    static std::atomic<bool> aborting{false};
+    const int rank = current_world_rank();
+    const int size = current_world_size();
+    std::fprintf(stderr, "epo: rank %d of %d failed: %s\n", rank, size, message.c_str());
+    std::fflush(stderr);
+    if (aborting.exchange(true)) {
+        // Another thread is already ending the job; wait for it to take this process down.
+        for (;;)
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    int initialized = 0;
+    int finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized)
+        MPI_Abort(MPI_COMM_WORLD, exit_status);
+    // Without MPI (or if MPI_Abort returned), end this process: nothing else can be trusted.
+    _exit(exit_status);
+}
+
+void abort_job(const std::exception_ptr& error) {
+    int status = 1;
+    try {
+        std::rethrow_exception(error);
+    } catch (const Error& e) {
+        status = exit_status_for(e.kind());
+    } catch (...) {
+    }
+    abort_job(describe_exception(error), status);
+}
+
+int run_rank(const std::function<void()>& body) {
+    try {
+        body();
+    } catch (...) {
+        abort_job(std::current_exception());
+    }
+    return 0;
+}
+
+int run_mpi_main(int* argc, char*** argv, const std::function<void(MpiRuntime&)>& body) {
+    // MpiRuntime is built inside the guard so that an EP005 refusal also ends the job cleanly.
+    return run_rank([&] {
+        MpiRuntime mpi(argc, argv);
+        body(mpi);
+    });
+}
+
+}  // namespace epo::comm

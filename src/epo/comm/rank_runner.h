@@ -1,0 +1,37 @@
+// Ending the job when one rank fails, so that no rank is left waiting for it.
+//
+// Under MPI, a rank that stops (an exception, a timeout) leaves its peers blocked in the next
+// collective. The rule here: the first failure on any rank, on any thread, prints
+// "epo: rank R of N failed: <kind>: <message>" on stderr and calls MPI_Abort, which ends every
+// rank of the job with a non-zero status. The `epo` subcommands and the multi-rank tests run
+// their rank body through run_rank(); the stream worker threads and the comm watchdog call
+// abort_job() directly.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <string>
+
+#include "epo/comm/mpi_runtime.h"
+
+namespace epo::comm {
+
+// "<kind>: <message> [at file:line]" for an epo::Error, the what() of other exceptions.
+std::string describe_exception(const std::exception_ptr& error);
+
+// Prints "epo: rank R of N failed: <message>" and ends the whole job (MPI_Abort with
+// `exit_status`; without MPI, the process exits with it). The first caller wins: a second
+// failure on another thread while the job is going down is printed but changes nothing.
+[[noreturn]] void abort_job(const std::string& message, int exit_status = 1);
+
+// abort_job() with the exception's description and its exit status (2 usage, 1 otherwise).
+[[noreturn]] void abort_job(const std::exception_ptr& error);
+
+// Runs this rank's body; any exception ends the job through abort_job(). Returns 0.
+int run_rank(const std::function<void()>& body);
+
+// A complete rank main: starts MPI (MpiRuntime, EP005 checked), runs `body` under run_rank()
+// semantics, finalizes MPI. Returns the process exit status (0).
+int run_mpi_main(int* argc, char*** argv, const std::function<void(MpiRuntime&)>& body);
+
+}  // namespace epo::comm

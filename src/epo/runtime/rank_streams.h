@@ -1,0 +1,28 @@
+// The two streams of a rank (runtime.md §1): `compute` and `comm`, each with its own set of
+// communicators, sharing one watchdog. A failure on either ends the whole job with this rank's
+// number and the message (comm::abort_job), since peers may be blocked waiting for this rank.
+//
+// Creating them is collective over MPI_COMM_WORLD: call it at start-up, on every rank.
+#pragma once
+
+#include <memory>
+
+#include "epo/comm/communicator.h"
+#include "epo/comm/topology.h"
+#include "epo/runtime/stream.h"
+
+namespace epo::runtime {
+
+struct RankStreams {
+    std::unique_ptr<Stream> compute;
+    std::unique_ptr<Stream> comm;
+
+    void synchronize() {
+        compute->synchronize();
+        comm->synchronize();
+    }
+};
+
+RankStreams make_rank_streams(const comm::ParallelLayout& layout, const comm::CommOptions& options);
+
+}  // namespace epo::runtime

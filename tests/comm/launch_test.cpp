@@ -1,0 +1,95 @@
+// The launch command line for Open MPI and MPICH: root and oversubscription flags only where the
+// launcher needs them, one OMP_NUM_THREADS per rank, extra environment, clear errors.
+#include "epo/comm/launch.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "epo/core/error.h"
+
+namespace epo::comm {
+namespace {
+
+using Argv = std::vector<std::string>;
+
+LaunchOptions options_for(int n, int omp = 0) {
+    LaunchOptions o;
+    o.num_ranks = n;
+    o.command = {"epo", "train", "--steps", "2"};
+    o.omp_threads = omp;
+    o.mpiexec = "mpirun";
+    return o;
+}
+
+TEST(Launch, OpenMpiAsRootGetsItsFlags) {
+    EXPECT_EQ(make_launch_command(options_for(4, 1), MpiFlavor::kOpenMpi, true, 2),
+              (Argv{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x",
+                    "OMP_NUM_THREADS=1", "epo", "train", "--steps", "2"}));
+    EXPECT_EQ(make_launch_command(options_for(2, 3), MpiFlavor::kOpenMpi, false, 2),
+              (Argv{"mpirun", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=3", "epo",
+                    "train", "--steps", "2"}));
+}
+
+TEST(Launch, MpichNeedsNoFlagsAndUsesGenv) {
+    auto o = options_for(3, 2);
+    o.env = {{"EPO_X", "1"}};
+    o.mpiexec_args = {"-bind-to", "core"};
+    EXPECT_EQ(make_launch_command(o, MpiFlavor::kMpich, true, 2),
+              (Argv{"mpirun", "-np", "3", "-bind-to", "core", "-genv", "EPO_X", "1", "-genv",
+                    "OMP_NUM_THREADS", "2", "epo", "train", "--steps", "2"}));
+}
+
+TEST(Launch, OmpThreadsDefaultToCoresPerRank) {
+    // Runs under ctest with OMP_NUM_THREADS set; clear it to see the automatic choice.
+    const char* saved = std::getenv("OMP_NUM_THREADS");
+    const std::string keep = saved ? saved : "";
+    unsetenv("OMP_NUM_THREADS");
+    auto omp_of = [](const Argv& argv) {
+        for (size_t i = 0; i + 1 < argv.size(); ++i) {
+            if (argv[i] == "-x" && argv[i + 1].rfind("OMP_NUM_THREADS=", 0) == 0) {
+                return argv[i + 1].substr(16);
+            }
+        }
+        return std::string("missing");
+    };
+    EXPECT_EQ(omp_of(make_launch_command(options_for(2), MpiFlavor::kOpenMpi, true, 8)), "4");
+    EXPECT_EQ(omp_of(make_launch_command(options_for(4), MpiFlavor::kOpenMpi, true, 2)), "1");
+    setenv("OMP_NUM_THREADS", "5", 1);
+    EXPECT_EQ(omp_of(make_launch_command(options_for(4), MpiFlavor::kOpenMpi, true, 2)), "5");
+    if (saved) {
+        setenv("OMP_NUM_THREADS", keep.c_str(), 1);
+    } else {
+        unsetenv("OMP_NUM_THREADS");
+    }
+}
+
+TEST(Launch, BadOptionsAreUsageErrors) {
+    try {
+        make_launch_command(options_for(0), MpiFlavor::kOpenMpi, true, 2);
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+        EXPECT_NE(std::string(e.what()).find("number of ranks 0"), std::string::npos);
+    }
+    LaunchOptions empty = options_for(2);
+    empty.command.clear();
+    EXPECT_THROW(make_launch_command(empty, MpiFlavor::kMpich, true, 2), Error);
+}
+
+TEST(Launch, RunLaunchCapturesOutputStatusAndTimeout) {
+    const auto ok = run_launch({"sh", "-c", "echo out; echo err >&2; exit 3"}, 30);
+    EXPECT_EQ(ok.exit_status, 3);
+    EXPECT_FALSE(ok.timed_out);
+    EXPECT_EQ(ok.stdout_text, "out\n");
+    EXPECT_EQ(ok.stderr_text, "err\n");
+    const auto slow = run_launch({"sh", "-c", "sleep 60"}, 0.3);
+    EXPECT_TRUE(slow.timed_out);
+    EXPECT_LT(slow.elapsed_s, 30);
+    const auto missing = run_launch({"/nonexistent/launcher"}, 30);
+    EXPECT_EQ(missing.exit_status, 127);
+    EXPECT_NE(missing.stderr_text.find("cannot run /nonexistent/launcher"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace epo::comm
