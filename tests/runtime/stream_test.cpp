@@ -250,3 +250,38 @@ TEST(Stream, DestructorFinishesIssuedWork) {
 
 }  // namespace
 }  // namespace epo::runtime
+
+namespace epo::runtime {
+namespace {
+
+TEST(Stream, DestroyedWhileUnwindingSkipsQueuedWork) {
+    std::atomic<int> ran{0};
+    std::atomic<bool> started{false};
+    Event e("never reached");
+    Stream waiter("compute");
+    try {
+        Stream s("comm");
+        s.enqueue("running", [&](StreamContext&) {
+            started = true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            ++ran;
+        });
+        for (int i = 0; i < 5; ++i) {
+            s.enqueue("queued", [&](StreamContext&) {
+                std::this_thread::sleep_for(std::chrono::seconds(5));  // stand-in for a collective
+                ++ran;
+            });
+        }
+        s.record(e);
+        waiter.wait(e);
+        while (!started)
+            std::this_thread::yield();
+        throw std::runtime_error("the rank fails");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_EQ(ran, 1);  // the running task finished, the queued ones were skipped
+    EXPECT_THROW(waiter.synchronize(), Error);  // and nobody waits forever on their records
+}
+
+}  // namespace
+}  // namespace epo::runtime

@@ -148,6 +148,7 @@ Communicator::Communicator(MPI_Comm comm, std::string name, Members members, Com
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     EPO_CHECK_EQ(members_.world_ranks.size(), static_cast<size_t>(size_));
     EPO_CHECK_EQ(members_.nodes.size(), static_cast<size_t>(size_));
+    bells_ = std::make_unique<Doorbells>(comm_);
 }
 
 Communicator::Communicator(Communicator&& o) noexcept
@@ -156,6 +157,7 @@ Communicator::Communicator(Communicator&& o) noexcept
       members_(std::move(o.members_)),
       options_(o.options_),
       watchdog_(std::move(o.watchdog_)),
+      bells_(std::move(o.bells_)),
       rank_(o.rank_),
       size_(o.size_),
       next_seq_(o.next_seq_),
@@ -225,10 +227,13 @@ Communicator::Op Communicator::begin(OpKind kind) {
 bool Communicator::poll(std::span<MPI_Request> requests, std::vector<char>& done,
                         Clock::time_point deadline) {
     const WaitPolicy& w = options_.wait;
-    const auto spin_end = Clock::now() + std::chrono::nanoseconds(std::llround(w.spin_us * 1e3));
+    const auto spin = std::chrono::nanoseconds(std::llround(w.spin_us * 1e3));
+    auto spin_end = Clock::now() + spin;
     double sleep_us = w.min_sleep_us;
     poll_indices_.resize(requests.size());
     for (;;) {
+        // Read the bell before testing: a ring after this read makes the sleep below return.
+        const uint32_t seen = bells_->count();
         int completed = 0;
         check_mpi(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &completed,
                                poll_indices_.data(), MPI_STATUSES_IGNORE),
@@ -244,9 +249,15 @@ bool Communicator::poll(std::span<MPI_Request> requests, std::vector<char>& done
             return false;
         if (now < spin_end)
             continue;
-        sleep_until(
-            std::min(deadline, now + std::chrono::nanoseconds(std::llround(sleep_us * 1e3))));
-        sleep_us = std::min(sleep_us * 2, w.max_sleep_us);
+        const auto wake = now + std::chrono::nanoseconds(std::llround(sleep_us * 1e3));
+        if (bells_->sleep_until(seen, std::min(deadline, wake))) {
+            // A peer arrived: test again now, and keep testing briefly in case its message
+            // becomes visible to MPI a moment after the ring.
+            spin_end = Clock::now() + spin;
+            sleep_us = w.min_sleep_us;
+        } else {
+            sleep_us = std::min(sleep_us * 2, w.max_sleep_us);
+        }
     }
 }
 
@@ -276,6 +287,10 @@ Clock::time_point Communicator::arrive(const Op& op, std::span<const int64_t> si
                   "MPI_Isend");
         done_[p] = 0;
         done_[n + p] = 0;
+    }
+    for (int p = 0; p < n; ++p) {
+        if (p != rank_)
+            bells_->ring(p);  // after the send: the peer looks for it when it wakes
     }
     const auto deadline =
         op.entry + std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9));

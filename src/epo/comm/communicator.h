@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "epo/comm/doorbell.h"
 #include "epo/comm/link_model.h"
 #include "epo/comm/watchdog.h"
 
@@ -36,7 +37,9 @@ namespace epo::comm {
 // that calls MPI_Test continuously takes the core from the compute thread next to it (1.8-2.7x
 // slower GEMMs were measured here), while testing too rarely delays the collective. So: test
 // continuously for spin_us (peers that are on time arrive within it), then sleep between tests,
-// starting at min_sleep_us and doubling up to max_sleep_us.
+// starting at min_sleep_us and doubling up to max_sleep_us. A peer on the same host that arrives
+// rings this rank's doorbell (doorbell.h) and ends the sleep at once; the doubling sleeps only
+// bound how long a missed ring, or a peer on another host, can go unnoticed.
 struct WaitPolicy {
     double spin_us = 20;
     double min_sleep_us = 50;
@@ -95,6 +98,7 @@ public:
     };
 
     // Takes ownership of `comm` (freed by the destructor) and sets MPI_ERRORS_RETURN on it.
+    // Collective over `comm` (it sets up the doorbells); the destructor is local.
     // `name` appears in every message, e.g. "ep (stream comm)".
     Communicator(MPI_Comm comm, std::string name, Members members, CommOptions options,
                  std::shared_ptr<Watchdog> watchdog);
@@ -167,6 +171,7 @@ private:
     Members members_;
     CommOptions options_;
     std::shared_ptr<Watchdog> watchdog_;
+    std::unique_ptr<Doorbells> bells_;
     int rank_ = 0;
     int size_ = 1;
     uint32_t next_seq_ = 0;

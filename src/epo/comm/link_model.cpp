@@ -56,13 +56,16 @@ double modelled_seconds(const LinkModel& model, const ByteCounts& bytes) {
     return model.latency_us * 1e-6 + std::max(inter, intra);
 }
 
-void sleep_until(Clock::time_point deadline) {
-    // Timer slack is per thread; the default 50 us adds to every wake-up.
-    thread_local bool slack_lowered = false;
-    if (!slack_lowered) {
+void lower_timer_slack() {
+    thread_local bool lowered = false;
+    if (!lowered) {
         prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-        slack_lowered = true;
+        lowered = true;
     }
+}
+
+void sleep_until(Clock::time_point deadline) {
+    lower_timer_slack();
     const int64_t ns = to_ns(deadline);
     timespec ts{};
     ts.tv_sec = static_cast<time_t>(ns / 1000000000);

@@ -54,8 +54,12 @@ double modelled_seconds(const LinkModel& model, const ByteCounts& bytes);
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: one time base for all ranks of a host
 
 // Sleeps until `deadline` (absolute, so a late wake-up does not add to the next one), with the
-// calling thread's timer slack lowered to 1 ns: wake-ups here are up to ~0.8 ms late otherwise.
+// calling thread's timer slack lowered (lower_timer_slack()).
 void sleep_until(Clock::time_point deadline);
+
+// Sets the calling thread's timer slack to 1 ns (once per thread): the default 50 us adds to
+// every timed wake-up, which here are up to ~0.8 ms late already.
+void lower_timer_slack();
 
 inline int64_t to_ns(Clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();

@@ -78,6 +78,16 @@ Stream::~Stream() {
     {
         std::lock_guard lock(mutex_);
         stop_ = true;
+        // Destroyed while an exception unwinds (the rank is failing): start nothing new, since
+        // queued collectives could wait on peers until their deadline before the rank runner
+        // gets to end the job. Only the task already running is waited for.
+        if (std::uncaught_exceptions() > 0 && !failure_) {
+            failure_ = std::make_exception_ptr(
+                Error(ErrorKind::kInternal,
+                      fmt::format("stream {} was destroyed while unwinding from an error; the "
+                                  "work still queued on it was skipped",
+                                  name_)));
+        }
     }
     work_cv_.notify_all();
     worker_.join();  // the worker drains the queue before it stops

@@ -119,7 +119,8 @@ struct StreamOptions {
 class Stream {
 public:
     explicit Stream(std::string name, StreamOptions options = {});
-    // Finishes the issued work, then stops the worker thread.
+    // Finishes the issued work, then stops the worker thread. When destroyed during exception
+    // unwinding, skips the queued work instead (waits only for the running task).
     ~Stream();
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
