@@ -3,7 +3,7 @@
 // model's accuracy (measured time of all-to-alls whose modelled time is 5-20 ms).
 //
 //   mpirun -np 2 build/release/bench/comm_alltoall_bench          (Open MPI: add --allow-run-as-root)
-//   build/release/bin/epo launch -n 4 -- build/release/bench/comm_alltoall_bench
+//   build/release/bin/epo launch -n 4 build/release/bench/comm_alltoall_bench
 //
 // Every rank runs every benchmark with fixed iteration counts (collectives need all ranks);
 // rank 0 prints. GB/s = bytes this rank sent to other ranks / time (bytes actually moved).

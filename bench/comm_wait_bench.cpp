@@ -10,7 +10,7 @@
 //   test_50us      MPI_Ialltoallv + MPI_Test every 50 us (testing too often)
 //   test_1ms       MPI_Ialltoallv + MPI_Test every 1 ms
 //
-//   build/release/bin/epo launch -n 2 -- build/release/bench/comm_wait_bench
+//   build/release/bin/epo launch -n 2 build/release/bench/comm_wait_bench
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 #include <oneapi/dnnl/dnnl.h>

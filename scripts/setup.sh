@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every dependency EPO builds and runs with, from Debian packages. Idempotent: when all
 # packages are present it only checks (well under a second) and installs nothing.
+# `scripts/setup.sh mpich` also installs MPICH next to Open MPI, for the `mpich` CMake preset
+# (Open MPI keeps the higher Debian alternatives priority, so `mpirun`/`mpicc` stay Open MPI).
 set -euo pipefail
 
 packages=(
@@ -12,6 +14,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy
 )
+if [[ "${1:-}" == mpich ]]; then
+  packages+=(libmpich-dev mpich)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

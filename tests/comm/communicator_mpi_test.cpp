@@ -31,13 +31,32 @@ std::unique_ptr<ProcessGroups> make_groups(int ep, int gpn, CommOptions options 
     return ProcessGroups::create({world_size(), ep, gpn}, options, "test", watchdog);
 }
 
-std::string message_of(const std::function<void()>& f) {
+std::string message_of(const std::function<void()>& f) {  // "no error" if f does not throw
     try {
         f();
     } catch (const Error& e) {
         return e.what();
     }
     return "no error";
+}
+
+TEST(MpiErrors, BecomeErrorsWithMpisOwnMessage) {
+    EXPECT_NO_THROW(check_mpi(MPI_SUCCESS, "MPI_Barrier"));
+    const std::string m = message_of([] { check_mpi(MPI_ERR_TRUNCATE, "MPI_Recv on group ep"); });
+    char expected[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(MPI_ERR_TRUNCATE, expected, &len);
+    EXPECT_NE(m.find("MPI_Recv on group ep failed: " + std::string(expected, len)),
+              std::string::npos)
+        << m;
+    // A real failing call: MPI_ERRORS_RETURN is set on the communicators the runtime owns.
+    auto groups = make_groups(1, 8);
+    int bad_root = world_size();
+    int value = 0;
+    const std::string bcast = message_of([&] {
+        check_mpi(MPI_Bcast(&value, 1, MPI_INT, bad_root, groups->world.handle()), "MPI_Bcast");
+    });
+    EXPECT_NE(bcast.find("MPI_Bcast failed: "), std::string::npos) << bcast;
 }
 
 TEST(Groups, MatchTheTopologyForEveryEpSize) {
