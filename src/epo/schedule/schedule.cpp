@@ -1,0 +1,151 @@
+#include "epo/schedule/schedule.h"
+
+#include <fmt/format.h>
+
+namespace epo::schedule {
+namespace {
+
+int num_layers(const ScheduleShape& s) {
+    return static_cast<int>(s.moe_layers.size());
+}
+
+struct Builder {
+    const ScheduleShape& shape;
+    std::vector<NodeCall> calls;
+
+    void add(int mb, int layer, NodeKind node, Phase phase, bool delayed = false) {
+        calls.push_back(NodeCall{mb, layer, node, phase, delayed});
+    }
+    bool moe(int layer) const { return shape.moe_layers[static_cast<size_t>(layer)]; }
+
+    void layer_forward(int mb, int l) {
+        add(mb, l, NodeKind::kPreDispatch, Phase::kForward);
+        if (moe(l))
+            add(mb, l, NodeKind::kDispatch, Phase::kForward);
+        add(mb, l, NodeKind::kMlp, Phase::kForward);
+        if (moe(l))
+            add(mb, l, NodeKind::kCombine, Phase::kForward);
+    }
+    // Weight gradients are never delayed outside the combined steps: backward includes them.
+    void layer_backward(int mb, int l) {
+        if (moe(l))
+            add(mb, l, NodeKind::kCombine, Phase::kBackward);
+        add(mb, l, NodeKind::kMlp, Phase::kBackward);
+        if (moe(l))
+            add(mb, l, NodeKind::kDispatch, Phase::kBackward);
+        add(mb, l, NodeKind::kPreDispatch, Phase::kBackward);
+    }
+    void forward_alone(int mb) {
+        add(mb, -1, NodeKind::kEmbedding, Phase::kForward);
+        for (int l = 0; l < num_layers(shape); ++l)
+            layer_forward(mb, l);
+        add(mb, -1, NodeKind::kOutput, Phase::kForward);
+    }
+    void backward_alone(int mb) {
+        add(mb, -1, NodeKind::kOutput, Phase::kBackward);
+        for (int l = num_layers(shape) - 1; l >= 0; --l)
+            layer_backward(mb, l);
+        add(mb, -1, NodeKind::kEmbedding, Phase::kBackward);
+    }
+
+    // One combined step: forward of micro-batch f with backward of micro-batch b.
+    void combined_step(int f, int b) {
+        const int L = num_layers(shape);
+        const bool delay = shape.delay_wgrad;
+        add(f, -1, NodeKind::kEmbedding, Phase::kForward);
+        add(b, -1, NodeKind::kOutput, Phase::kBackward);
+        for (int j = 0; j < L; ++j) {
+            const int fl = j, bl = L - 1 - j;
+            if (moe(bl))
+                add(b, bl, NodeKind::kCombine, Phase::kBackward);  // 1
+            add(f, fl, NodeKind::kPreDispatch, Phase::kForward);   // 2
+            add(b, bl, NodeKind::kMlp, Phase::kBackward, delay);   // 3
+            if (moe(fl))
+                add(f, fl, NodeKind::kDispatch, Phase::kForward);  // 4
+            if (delay)
+                add(b, bl, NodeKind::kMlp, Phase::kBackwardDw);  // 5
+            if (moe(bl))
+                add(b, bl, NodeKind::kDispatch, Phase::kBackward);  // 6
+            add(f, fl, NodeKind::kMlp, Phase::kForward);            // 7
+            if (moe(fl))
+                add(f, fl, NodeKind::kCombine, Phase::kForward);          // 8
+            add(b, bl, NodeKind::kPreDispatch, Phase::kBackward, delay);  // 9
+            if (delay && bl != 0)
+                add(b, bl, NodeKind::kPreDispatch, Phase::kBackwardDw);  // 10
+        }
+        add(f, -1, NodeKind::kOutput, Phase::kForward);
+        add(b, -1, NodeKind::kEmbedding, Phase::kBackward);
+        // The first layer's delayed attention wgrad runs after the chunk (the reference keeps
+        // it back to overlap the pipeline's p2p communication).
+        if (delay && L > 0)
+            add(b, 0, NodeKind::kPreDispatch, Phase::kBackwardDw);
+    }
+};
+
+}  // namespace
+
+StreamId stream_of(NodeKind node) {
+    return node == NodeKind::kDispatch || node == NodeKind::kCombine ? StreamId::kComm
+                                                                     : StreamId::kCompute;
+}
+
+const char* node_name(NodeKind node) {
+    switch (node) {
+        case NodeKind::kEmbedding:
+            return "embedding";
+        case NodeKind::kPreDispatch:
+            return "pre_dispatch";
+        case NodeKind::kDispatch:
+            return "dispatch";
+        case NodeKind::kMlp:
+            return "mlp";
+        case NodeKind::kCombine:
+            return "combine";
+        case NodeKind::kOutput:
+            return "output";
+    }
+    return "?";
+}
+
+const char* phase_name(Phase phase) {
+    switch (phase) {
+        case Phase::kForward:
+            return "forward";
+        case Phase::kBackward:
+            return "backward";
+        case Phase::kBackwardDw:
+            return "backward_dw";
+    }
+    return "?";
+}
+
+std::string call_name(const NodeCall& c) {
+    if (c.layer < 0) {
+        return fmt::format("mb{}.{}.{}", c.micro_batch, node_name(c.node), phase_name(c.phase));
+    }
+    return fmt::format("mb{}.layer{}.{}.{}", c.micro_batch, c.layer, node_name(c.node),
+                       phase_name(c.phase));
+}
+
+std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape) {
+    Builder b{shape, {}};
+    for (int mb = 0; mb < shape.num_micro_batches; ++mb) {
+        b.forward_alone(mb);
+        b.backward_alone(mb);
+    }
+    return b.calls;
+}
+
+std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape) {
+    Builder b{shape, {}};
+    const int n = shape.num_micro_batches;
+    if (n <= 0)
+        return {};
+    b.forward_alone(0);
+    for (int i = 0; i + 1 < n; ++i)
+        b.combined_step(i + 1, i);
+    b.backward_alone(n - 1);
+    return b.calls;
+}
+
+}  // namespace epo::schedule

@@ -1,0 +1,157 @@
+#include "epo/schedule/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <tuple>
+
+namespace epo::schedule {
+namespace {
+
+std::vector<std::string> names(const std::vector<NodeCall>& calls) {
+    std::vector<std::string> out;
+    for (const auto& c : calls)
+        out.push_back(call_name(c));
+    return out;
+}
+
+ScheduleShape moe_shape(int mbs, int layers, bool delay) {
+    return ScheduleShape{mbs, std::vector<bool>(static_cast<size_t>(layers), true), delay};
+}
+
+TEST(Schedule, CombinedStepFollowsTheTenStepPairOrder) {
+    // 2 MoE layers, 2 micro-batches, delayed wgrad: the combined step of f=1, b=0.
+    const auto calls = names(overlap_schedule(moe_shape(2, 2, true)));
+    const std::vector<std::string> forward0 = {
+        "mb0.embedding.forward",       "mb0.layer0.pre_dispatch.forward",
+        "mb0.layer0.dispatch.forward", "mb0.layer0.mlp.forward",
+        "mb0.layer0.combine.forward",  "mb0.layer1.pre_dispatch.forward",
+        "mb0.layer1.dispatch.forward", "mb0.layer1.mlp.forward",
+        "mb0.layer1.combine.forward",  "mb0.output.forward"};
+    const std::vector<std::string> combined = {
+        "mb1.embedding.forward", "mb0.output.backward",
+        // pair j=0: forward layer 0 with backward layer 1
+        "mb0.layer1.combine.backward",          // 1
+        "mb1.layer0.pre_dispatch.forward",      // 2
+        "mb0.layer1.mlp.backward",              // 3
+        "mb1.layer0.dispatch.forward",          // 4
+        "mb0.layer1.mlp.backward_dw",           // 5
+        "mb0.layer1.dispatch.backward",         // 6
+        "mb1.layer0.mlp.forward",               // 7
+        "mb1.layer0.combine.forward",           // 8
+        "mb0.layer1.pre_dispatch.backward",     // 9
+        "mb0.layer1.pre_dispatch.backward_dw",  // 10
+        // pair j=1: forward layer 1 with backward layer 0
+        "mb0.layer0.combine.backward", "mb1.layer1.pre_dispatch.forward", "mb0.layer0.mlp.backward",
+        "mb1.layer1.dispatch.forward", "mb0.layer0.mlp.backward_dw", "mb0.layer0.dispatch.backward",
+        "mb1.layer1.mlp.forward", "mb1.layer1.combine.forward", "mb0.layer0.pre_dispatch.backward",
+        // no step 10 for the backward's last layer inside the pair...
+        "mb1.output.forward", "mb0.embedding.backward",
+        "mb0.layer0.pre_dispatch.backward_dw"};  // ...it runs after the chunk
+    ASSERT_GE(calls.size(), forward0.size() + combined.size());
+    EXPECT_EQ(std::vector<std::string>(calls.begin(), calls.begin() + 10), forward0);
+    EXPECT_EQ(std::vector<std::string>(calls.begin() + 10, calls.begin() + 10 + combined.size()),
+              combined);
+}
+
+TEST(Schedule, StreamsFollowTheNodeSplit) {
+    EXPECT_EQ(stream_of(NodeKind::kDispatch), StreamId::kComm);
+    EXPECT_EQ(stream_of(NodeKind::kCombine), StreamId::kComm);
+    for (NodeKind n :
+         {NodeKind::kEmbedding, NodeKind::kPreDispatch, NodeKind::kMlp, NodeKind::kOutput}) {
+        EXPECT_EQ(stream_of(n), StreamId::kCompute);
+    }
+}
+
+using Key = std::tuple<int, int, NodeKind>;
+
+// Every (micro-batch, layer, node) has one forward and one backward; with delayed wgrad the
+// layers' pre_dispatch and mlp nodes also have one backward_dw, and their backward is marked.
+void expect_complete(const std::vector<NodeCall>& calls, const ScheduleShape& s, bool delayed) {
+    std::map<std::tuple<int, int, NodeKind, Phase>, int> seen;
+    for (const auto& c : calls)
+        seen[{c.micro_batch, c.layer, c.node, c.phase}]++;
+    for (int mb = 0; mb < s.num_micro_batches; ++mb) {
+        for (int l = -1; l < static_cast<int>(s.moe_layers.size()); ++l) {
+            std::vector<NodeKind> nodes;
+            if (l < 0) {
+                nodes = {NodeKind::kEmbedding, NodeKind::kOutput};
+            } else {
+                nodes = {NodeKind::kPreDispatch, NodeKind::kMlp};
+                if (s.moe_layers[l]) {
+                    nodes.push_back(NodeKind::kDispatch);
+                    nodes.push_back(NodeKind::kCombine);
+                }
+            }
+            for (NodeKind n : nodes) {
+                EXPECT_EQ((seen[{mb, l, n, Phase::kForward}]), 1);
+                EXPECT_EQ((seen[{mb, l, n, Phase::kBackward}]), 1);
+                const bool has_dw = delayed && l >= 0 &&
+                                    (n == NodeKind::kPreDispatch || n == NodeKind::kMlp) &&
+                                    mb + 1 < s.num_micro_batches;
+                EXPECT_EQ((seen[{mb, l, n, Phase::kBackwardDw}]), has_dw ? 1 : 0)
+                    << "mb " << mb << " layer " << l << " " << node_name(n);
+            }
+        }
+    }
+    EXPECT_EQ(seen.size() > 0, true);
+}
+
+// Each micro-batch's own calls come in the same relative order as in the baseline (the data
+// dependencies), and every weight gradient of a node is accumulated in micro-batch order.
+void expect_same_dependencies_and_accumulation_order(const std::vector<NodeCall>& calls,
+                                                     const ScheduleShape& s) {
+    const auto base = baseline_schedule(s);
+    for (int mb = 0; mb < s.num_micro_batches; ++mb) {
+        std::vector<std::string> a, b;
+        for (const auto& c : base)
+            if (c.micro_batch == mb)
+                a.push_back(call_name(c));
+        for (const auto& c : calls)
+            if (c.micro_batch == mb && c.phase != Phase::kBackwardDw)
+                b.push_back(call_name(c));
+        EXPECT_EQ(a, b) << "micro-batch " << mb;
+    }
+    std::map<std::pair<int, NodeKind>, int> last_wgrad_mb;
+    for (const auto& c : calls) {
+        const bool carries_wgrad =
+            c.phase == Phase::kBackwardDw || (c.phase == Phase::kBackward && !c.wgrad_delayed);
+        if (!carries_wgrad)
+            continue;
+        auto [it, inserted] = last_wgrad_mb.try_emplace({c.layer, c.node}, c.micro_batch);
+        if (!inserted) {
+            EXPECT_EQ(it->second + 1, c.micro_batch) << call_name(c);
+            it->second = c.micro_batch;
+        }
+    }
+}
+
+TEST(Schedule, EveryNodeRunsOnceInDependencyAndAccumulationOrder) {
+    for (int mbs : {1, 2, 3, 8}) {
+        for (bool delay : {false, true}) {
+            for (auto pattern : {std::vector<bool>{true, true},
+                                 std::vector<bool>{false, true, true}, std::vector<bool>{true}}) {
+                ScheduleShape s{mbs, pattern, delay};
+                const auto overlap = overlap_schedule(s);
+                expect_complete(overlap, s, delay);
+                expect_same_dependencies_and_accumulation_order(overlap, s);
+                expect_complete(baseline_schedule(s), s, false);
+            }
+        }
+    }
+}
+
+TEST(Schedule, DenseLayersIssueNoCommunicationNodes) {
+    ScheduleShape s{2, {false, false}, true};
+    for (const auto& c : overlap_schedule(s)) {
+        EXPECT_EQ(stream_of(c.node), StreamId::kCompute) << call_name(c);
+    }
+}
+
+TEST(Schedule, OneMicroBatchOverlapEqualsBaseline) {
+    ScheduleShape s = moe_shape(1, 3, true);
+    EXPECT_EQ(overlap_schedule(s), baseline_schedule(s));
+}
+
+}  // namespace
+}  // namespace epo::schedule
