@@ -1,0 +1,38 @@
+// GptShape from a finalized configuration.
+#include "epo/config/config.h"
+#include "epo/model/gpt_model.h"
+#include "epo/moe/moe_config.h"
+
+namespace epo::model {
+
+GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_rank) {
+    const config::ModelConfig& m = cfg.model;
+    GptShape s;
+    s.num_layers = m.num_layers;
+    s.hidden = m.hidden_size;
+    s.vocab = m.vocab_size.value_or(0);
+    s.seq_length = m.seq_length;
+    s.micro_batch_size = cfg.train.micro_batch_size;
+    s.attn = AttentionShape{.hidden = m.hidden_size,
+                            .num_heads = m.num_attention_heads,
+                            .num_groups = config::num_query_groups(m),
+                            .head_dim = config::kv_channels(m),
+                            .seq_length = m.seq_length,
+                            .qk_layernorm = m.qk_layernorm,
+                            .norm_eps = static_cast<float>(m.layernorm_epsilon)};
+    s.norm_eps = static_cast<float>(m.layernorm_epsilon);
+    s.rotary_base = m.rotary_base;
+    s.init_std = static_cast<float>(m.init_method_std);
+    s.ffn_hidden = config::ffn_hidden_size(m);
+    s.moe_layers = config::moe_layer_pattern(m);
+    if (config::is_moe(m))
+        s.moe = moe::moe_config_from(m);
+    s.ep_size = ep_size;
+    s.ep_rank = ep_rank;
+    s.tie_embeddings = m.share_embeddings_and_output_weights;
+    s.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
+    s.compute_dtype = m.bf16 ? DType::kBF16 : DType::kF32;
+    return s;
+}
+
+}  // namespace epo::model

@@ -1,0 +1,346 @@
+#include "epo/model/gpt_model.h"
+
+#include <cmath>
+#include <functional>
+
+#include "epo/model/rmsnorm.h"
+#include "epo/tensor/random.h"
+
+namespace epo::model {
+namespace {
+
+// A state back to empty, keeping its arena's mapped memory for the next user.
+template <class State>
+void reset_keeping_arena(State& s) {
+    Arena arena = std::move(s.arena);
+    s = State{};
+    arena.reset();
+    s.arena = std::move(arena);
+}
+
+uint64_t name_hash(const std::string& name) {
+    return std::hash<std::string>{}(name);
+}
+
+// Fills a parameter with N(0, std) from a stream keyed by (seed, name), starting at element
+// `first_index` of the global tensor (an expert shard starts where its first expert does).
+void init_normal(Param& p, uint64_t seed, float std, uint64_t first_index = 0) {
+    fill_normal(p.master, random_bits(seed, name_hash(p.name)), 0.0f, std, first_index);
+    refresh_compute(p);
+}
+
+void init_ones(Param& p) {
+    float* w = p.master.data<float>();
+    for (int64_t i = 0; i < p.master.numel(); ++i)
+        w[i] = 1.0f;
+    refresh_compute(p);
+}
+
+}  // namespace
+
+void ActivationMeter::add(int64_t delta) {
+    const int64_t now = bytes.fetch_add(delta) + delta;
+    int64_t prev = peak.load();
+    while (now > prev && !peak.compare_exchange_weak(prev, now)) {
+    }
+}
+
+template <class State>
+State* StatePool<State>::acquire() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) {
+        all_.push_back(std::make_unique<State>());
+        return all_.back().get();
+    }
+    State* s = free_.back();
+    free_.pop_back();
+    return s;
+}
+
+template <class State>
+void StatePool<State>::release(State* s) {
+    meter_.add(-static_cast<int64_t>(s->reported_bytes));
+    reset_keeping_arena(*s);
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(s);
+}
+
+template <class State>
+void StatePool<State>::account(State* s) {
+    const auto now = static_cast<int64_t>(s->arena.bytes_in_use());
+    meter_.add(now - static_cast<int64_t>(s->reported_bytes));
+    s->reported_bytes = static_cast<size_t>(now);
+}
+
+template class StatePool<LayerState>;
+template class StatePool<OutputState>;
+
+GptModel::GptModel(const GptShape& shape)
+    : shape_(shape),
+      rope_(make_rope_table(shape.seq_length, shape.attn.head_dim, shape.rotary_base)) {
+    const DType cd = shape.compute_dtype;
+    embedding_ = make_param("embedding.word_embeddings.weight", {shape.vocab, shape.hidden}, cd);
+    dense_params_.push_back(&embedding_);
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+        LayerShape s{.hidden = shape.hidden,
+                     .tokens = shape.tokens(),
+                     .num_sequences = shape.micro_batch_size,
+                     .attn = shape.attn,
+                     .norm_eps = shape.norm_eps,
+                     .is_moe = shape.moe_layers[static_cast<size_t>(l)],
+                     .ffn_hidden = shape.ffn_hidden,
+                     .moe = shape.moe,
+                     .num_local_experts = shape.num_local_experts(),
+                     .gradient_accumulation_fusion = shape.gradient_accumulation_fusion,
+                     .compute_dtype = cd};
+        layer_shapes_.push_back(s);
+    }
+    layers_.reserve(static_cast<size_t>(shape.num_layers));
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+        layers_.push_back(
+            make_layer_params(layer_shapes_[l], fmt::format("decoder.layers.{}.", l)));
+    }
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+        collect_layer_params(layer_shapes_[l], layers_[l], dense_params_, expert_params_);
+    }
+    final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, cd);
+    dense_params_.push_back(&final_norm_);
+    if (!shape.tie_embeddings) {
+        output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);
+        dense_params_.push_back(&output_);
+    }
+    slots_.resize(2);
+    for (MicroBatch& m : slots_) {
+        m.layers.assign(static_cast<size_t>(shape.num_layers), nullptr);
+        for (Tensor& g : m.grad)
+            g = Tensor::zeros({shape.tokens(), shape.hidden}, DType::kF32);
+    }
+    layer_stats_.resize(static_cast<size_t>(shape.num_layers));
+}
+
+std::vector<Param*> GptModel::all_params() const {
+    std::vector<Param*> all = dense_params_;
+    all.insert(all.end(), expert_params_.begin(), expert_params_.end());
+    return all;
+}
+
+void GptModel::init_weights(uint64_t seed) {
+    const float std = shape_.init_std;
+    const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_layers));
+    init_normal(embedding_, seed, std);
+    for (int64_t l = 0; l < shape_.num_layers; ++l) {
+        LayerParams& p = layers_[static_cast<size_t>(l)];
+        init_ones(p.input_norm);
+        init_ones(p.pre_mlp_norm);
+        init_normal(p.attn.qkv, seed, std);
+        init_normal(p.attn.proj, seed, out_std);
+        if (shape_.attn.qk_layernorm) {
+            init_ones(p.attn.q_norm);
+            init_ones(p.attn.k_norm);
+        }
+        if (!layer_shapes_[l].is_moe) {
+            init_normal(p.dense.fc1, seed, std);
+            init_normal(p.dense.fc2, seed, out_std);
+            continue;
+        }
+        init_normal(p.moe.router.weight, seed, std);
+        if (p.moe.router.expert_bias.defined())
+            p.moe.router.expert_bias.fill_zero();
+        // This rank's experts are a slice [ep_rank * L_local, ...) of the global expert tensors.
+        const uint64_t first_expert = static_cast<uint64_t>(shape_.ep_rank) *
+                                      static_cast<uint64_t>(shape_.num_local_experts());
+        init_normal(p.moe.experts.fc1, seed, std,
+                    first_expert * static_cast<uint64_t>(p.moe.experts.fc1.master.row_size()));
+        init_normal(p.moe.experts.fc2, seed, out_std,
+                    first_expert * static_cast<uint64_t>(p.moe.experts.fc2.master.row_size()));
+        if (shape_.moe.shared_expert_size > 0) {
+            init_normal(p.moe.shared.fc1, seed, std);
+            init_normal(p.moe.shared.fc2, seed, out_std);
+        }
+    }
+    init_ones(final_norm_);
+    if (!shape_.tie_embeddings)
+        init_normal(output_, seed, std);
+}
+
+void GptModel::begin_step(std::vector<std::vector<int32_t>> tokens,
+                          std::vector<std::vector<int32_t>> labels, float loss_grad_scale) {
+    EPO_CHECK_EQ(tokens.size(), labels.size());
+    step_tokens_ = std::move(tokens);
+    step_labels_ = std::move(labels);
+    loss_grad_scale_ = loss_grad_scale;
+    results_.assign(step_tokens_.size(), MicroBatchResult{});
+    for (LayerStepStats& s : layer_stats_) {
+        s = LayerStepStats{};
+        s.routed_counts.assign(static_cast<size_t>(shape_.moe.num_experts), 0);
+    }
+}
+
+GptModel::MicroBatch& GptModel::micro_batch(int mb) {
+    return slots_[static_cast<size_t>(mb % 2)];
+}
+
+LayerState& GptModel::layer_state(MicroBatch& m, int l) {
+    LayerState*& s = m.layers[static_cast<size_t>(l)];
+    if (s == nullptr)
+        s = layer_pool_.acquire();
+    return *s;
+}
+
+void GptModel::release_layer(MicroBatch& m, int l) {
+    LayerState*& s = m.layers[static_cast<size_t>(l)];
+    layer_pool_.release(s);
+    s = nullptr;
+}
+
+void GptModel::account(MicroBatch& m, int l) {
+    // The node may have written to its own layer's state and to the next layer's input.
+    for (int i : {l, l + 1}) {
+        if (i >= 0 && i < shape_.num_layers && m.layers[static_cast<size_t>(i)] != nullptr) {
+            layer_pool_.account(m.layers[static_cast<size_t>(i)]);
+        }
+    }
+    if (m.output != nullptr)
+        output_pool_.account(m.output);
+}
+
+Tensor GptModel::layer_output(MicroBatch& m, int l) {
+    const Shape shape{shape_.tokens(), shape_.hidden};
+    if (l + 1 < shape_.num_layers) {
+        LayerState& next = layer_state(m, l + 1);
+        next.x = next.arena.alloc(shape, DType::kF32);
+        return next.x;
+    }
+    EPO_CHECK(m.output == nullptr, "output state of a micro-batch still in use");
+    m.output = output_pool_.acquire();
+    m.output->x = m.output->arena.alloc(shape, DType::kF32);
+    return m.output->x;
+}
+
+void GptModel::finish_layer_output(MicroBatch& m, int l) {
+    if (l + 1 < shape_.num_layers)
+        return;
+    OutputState& o = *m.output;
+    o.normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, shape_.compute_dtype);
+    o.rstd = o.arena.alloc({shape_.tokens()}, DType::kF32);
+    rmsnorm_forward(o.x, final_norm_, shape_.norm_eps, o.normed, o.rstd);
+}
+
+void GptModel::final_norm_backward(MicroBatch& m, Arena& scratch) {
+    OutputState& o = *m.output;
+    const Tensor& d_last = m.grad[shape_.num_layers % 2];
+    d_last.fill_zero();
+    Tensor ws = scratch.alloc({shape_.hidden}, DType::kF32);
+    rmsnorm_backward(o.x, final_norm_, o.rstd, o.d_normed, d_last, ws);
+    output_pool_.release(m.output);
+    m.output = nullptr;
+}
+
+void GptModel::embedding_forward(int mb, MicroBatch& m) {
+    for (const LayerState* s : m.layers) {
+        EPO_CHECK(s == nullptr, "micro-batch {} starts while its slot is still in use", mb);
+    }
+    LayerState& first = layer_state(m, 0);
+    first.x = first.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+    model::embedding_forward(embedding_, step_tokens_[static_cast<size_t>(mb)], first.x);
+}
+
+void GptModel::embedding_backward(int mb, MicroBatch& m) {
+    model::embedding_backward(embedding_, step_tokens_[static_cast<size_t>(mb)], m.grad[0]);
+}
+
+void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch) {
+    OutputState& o = *m.output;
+    const Param& w = shape_.tie_embeddings ? embedding_ : output_;
+    results_[static_cast<size_t>(mb)].lm_loss =
+        lm_head_forward(w, o.normed, step_labels_[static_cast<size_t>(mb)], loss_grad_scale_,
+                        o.head, o.arena, scratch);
+}
+
+void GptModel::output_backward(MicroBatch& m, Arena& scratch) {
+    OutputState& o = *m.output;
+    Param& w = shape_.tie_embeddings ? embedding_ : output_;
+    o.d_normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+    lm_head_backward_dgrad(w, o.head, o.d_normed);
+    lm_head_backward_wgrad(w, shape_.gradient_accumulation_fusion, o.head, scratch);
+}
+
+void GptModel::run(const schedule::NodeCall& c, comm::Communicator& ep, Arena& scratch) {
+    using schedule::NodeKind;
+    using schedule::Phase;
+    scratch.reset();
+    MicroBatch& m = micro_batch(c.micro_batch);
+    const NodeArgs args{&ep, &scratch, loss_grad_scale_};
+    if (c.node == NodeKind::kEmbedding) {
+        if (c.phase == Phase::kForward) {
+            embedding_forward(c.micro_batch, m);
+        } else {
+            embedding_backward(c.micro_batch, m);
+        }
+    } else if (c.node == NodeKind::kOutput) {
+        if (c.phase == Phase::kForward) {
+            output_forward(c.micro_batch, m, scratch);
+        } else {
+            output_backward(m, scratch);
+        }
+    } else {
+        run_layer(c, m, args);
+    }
+    account(m, c.layer < 0 ? (c.node == NodeKind::kEmbedding ? -1 : shape_.num_layers) : c.layer);
+}
+
+void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeArgs& a) {
+    using schedule::NodeKind;
+    using schedule::Phase;
+    const int l = c.layer;
+    const LayerShape& s = layer_shapes_[static_cast<size_t>(l)];
+    LayerParams& p = layers_[static_cast<size_t>(l)];
+    LayerState& st = layer_state(m, l);
+    const Tensor& d_out = m.grad[(l + 1) % 2];
+    const bool last = l + 1 == shape_.num_layers;
+    const bool wgrad = !c.wgrad_delayed;
+    switch (c.node) {
+        case NodeKind::kPreDispatch:
+            if (c.phase == Phase::kForward) {
+                pre_dispatch_forward(s, p, rope_, st, layer_stats_[static_cast<size_t>(l)], a);
+            } else if (c.phase == Phase::kBackward) {
+                pre_dispatch_backward(s, p, rope_, st, d_out, m.grad[l % 2], wgrad, a);
+                if (wgrad)
+                    release_layer(m, l);
+            } else {
+                pre_dispatch_backward_dw(s, p, st, a);
+                release_layer(m, l);
+            }
+            return;
+        case NodeKind::kDispatch:
+            c.phase == Phase::kForward ? dispatch_forward(st, a) : dispatch_backward(st, a);
+            return;
+        case NodeKind::kMlp:
+            if (c.phase == Phase::kForward) {
+                mlp_forward(s, p, st, s.is_moe ? Tensor() : layer_output(m, l), a);
+                if (!s.is_moe)
+                    finish_layer_output(m, l);
+            } else if (c.phase == Phase::kBackward) {
+                if (last && !s.is_moe)
+                    final_norm_backward(m, *a.scratch);
+                mlp_backward(s, p, st, d_out, wgrad, a);
+            } else {
+                mlp_backward_dw(s, p, st, a);
+            }
+            return;
+        case NodeKind::kCombine:
+            if (c.phase == Phase::kForward) {
+                combine_forward(s, st, layer_output(m, l), a);
+                finish_layer_output(m, l);
+            } else {
+                if (last)
+                    final_norm_backward(m, *a.scratch);
+                combine_backward(st, d_out, a);
+            }
+            return;
+        default:
+            EPO_CHECK(false, "node {} is not a layer node", schedule::node_name(c.node));
+    }
+}
+
+}  // namespace epo::model

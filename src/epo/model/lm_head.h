@@ -1,0 +1,36 @@
+// Output layer and language-model loss (cross-entropy over the vocabulary), fused so the (T, V)
+// logits never exist in f32 all at once:
+//
+//   logits = h Wout^T                         (T, V) f32, computed kChunk rows at a time
+//   loss   = mean_t ( logsumexp(logits[t]) - logits[t, label[t]] )
+//   dlogits[t] = (softmax(logits[t]) - onehot(label[t])) * grad_scale / T    (compute dtype,
+//                kept for the backward)
+// backward, split as the overlap schedule needs it:
+//   dgrad: dh = dlogits Wout                  (T, H) f32
+//   wgrad: dWout += dlogits^T h               (into main_grad)
+// The loss is summed in f64 in token order, so it is exact to print and compare.
+//
+// Letters: T tokens, H hidden, V vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "epo/tensor/arena.h"
+#include "epo/tensor/param.h"
+
+namespace epo::model {
+
+struct LmHeadContext {
+    Tensor h;        // (T, H) compute dtype: final-norm output (a view the caller keeps alive)
+    Tensor dlogits;  // (T, V) compute dtype
+};
+
+// Returns the mean loss over the T tokens. `grad_scale` is the factor the loss enters the
+// optimized objective with (1 / number of micro-batches).
+double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int32_t> labels,
+                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch);
+void lm_head_backward_dgrad(const Param& weight, const LmHeadContext& ctx, const Tensor& dh);
+void lm_head_backward_wgrad(Param& weight, bool fusion, const LmHeadContext& ctx, Arena& scratch);
+
+}  // namespace epo::model

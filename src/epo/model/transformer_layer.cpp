@@ -1,0 +1,216 @@
+#include "epo/model/transformer_layer.h"
+
+#include "epo/kernels/rows.h"
+#include "epo/model/rmsnorm.h"
+
+namespace epo::model {
+namespace {
+
+// dst (T, H) f32 = a + b, both (T, H) f32.
+void add_into(const Tensor& a, const Tensor& b, const Tensor& dst) {
+    const int64_t n = a.numel();
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    float* pd = dst.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+        pd[i] = pa[i] + pb[i];
+}
+
+// dst (T, H) compute dtype = round(src (T, H) f32).
+void to_compute(const Tensor& src, const Tensor& dst) {
+    kernels::store_row(src.data<float>(), dst.raw(), dst.dtype(), src.numel());
+}
+
+void rename(Param& p, const std::string& name) {
+    p.name = name;
+}
+
+}  // namespace
+
+LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
+    const DType cd = s.compute_dtype;
+    LayerParams p;
+    p.input_norm = make_param(prefix + "input_layernorm.weight", {s.hidden}, cd);
+    p.attn = make_attention_params(s.attn, cd, prefix);
+    p.pre_mlp_norm = make_param(prefix + "pre_mlp_layernorm.weight", {s.hidden}, cd);
+    if (!s.is_moe) {
+        p.dense = moe::make_shared_expert_weights(s.hidden, s.ffn_hidden, cd);
+        rename(p.dense.fc1, prefix + "mlp.linear_fc1.weight");
+        rename(p.dense.fc2, prefix + "mlp.linear_fc2.weight");
+        return p;
+    }
+    p.moe.router = moe::make_router_params(s.moe);
+    rename(p.moe.router.weight, prefix + "mlp.router.weight");
+    p.moe.experts =
+        moe::make_expert_weights(s.num_local_experts, s.hidden, s.moe.ffn_hidden_size, cd);
+    rename(p.moe.experts.fc1, prefix + "mlp.experts.linear_fc1.weight");
+    rename(p.moe.experts.fc2, prefix + "mlp.experts.linear_fc2.weight");
+    if (s.moe.shared_expert_size > 0) {
+        p.moe.shared = moe::make_shared_expert_weights(s.hidden, s.moe.shared_expert_size, cd);
+        rename(p.moe.shared.fc1, prefix + "mlp.shared_experts.linear_fc1.weight");
+        rename(p.moe.shared.fc2, prefix + "mlp.shared_experts.linear_fc2.weight");
+    }
+    return p;
+}
+
+void collect_layer_params(const LayerShape& s, LayerParams& p, std::vector<Param*>& dense,
+                          std::vector<Param*>& expert) {
+    dense.push_back(&p.input_norm);
+    dense.push_back(&p.attn.qkv);
+    dense.push_back(&p.attn.proj);
+    if (s.attn.qk_layernorm) {
+        dense.push_back(&p.attn.q_norm);
+        dense.push_back(&p.attn.k_norm);
+    }
+    dense.push_back(&p.pre_mlp_norm);
+    if (!s.is_moe) {
+        dense.push_back(&p.dense.fc1);
+        dense.push_back(&p.dense.fc2);
+        return;
+    }
+    dense.push_back(&p.moe.router.weight);
+    if (s.moe.shared_expert_size > 0) {
+        dense.push_back(&p.moe.shared.fc1);
+        dense.push_back(&p.moe.shared.fc2);
+    }
+    expert.push_back(&p.moe.experts.fc1);
+    expert.push_back(&p.moe.experts.fc2);
+}
+
+void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
+                          LayerState& st, LayerStepStats& stats, const NodeArgs& a) {
+    const int64_t T = s.tokens, H = s.hidden;
+    const DType cd = s.compute_dtype;
+    Arena& ar = st.arena;
+    st.n1 = ar.alloc({T, H}, cd);
+    st.rstd1 = ar.alloc({T}, DType::kF32);
+    rmsnorm_forward(st.x, p.input_norm, s.norm_eps, st.n1, st.rstd1);
+    st.h = ar.alloc({T, H}, DType::kF32);
+    st.h.copy_from(st.x);  // residual: attention accumulates into it
+    attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, ar, *a.scratch);
+    st.n2 = ar.alloc({T, H}, cd);
+    st.rstd2 = ar.alloc({T}, DType::kF32);
+    rmsnorm_forward(st.h, p.pre_mlp_norm, s.norm_eps, st.n2, st.rstd2);
+    if (!s.is_moe)
+        return;
+
+    if (s.moe.shared_expert_size > 0) {
+        st.shared_out = ar.alloc({T, H}, DType::kF32);
+        moe::shared_expert_forward(p.moe.shared, st.n2, st.shared_out, st.shared, ar);
+    }
+    st.router = moe::router_forward(s.moe, p.moe.router, st.n2, s.num_sequences, ar);
+    stats.aux_loss += st.router.aux_loss;
+    stats.z_loss += st.router.z_loss;
+    for (size_t e = 0; e < stats.routed_counts.size(); ++e) {
+        stats.routed_counts[e] += st.router.routed_counts[e];
+    }
+    moe::alltoall::dispatch_preprocess(s.moe, *a.ep, st.router, st.dispatch, ar);
+    moe::alltoall::dispatch_permute(st.router, st.n2, st.dispatch);
+}
+
+void dispatch_forward(LayerState& st, const NodeArgs& a) {
+    moe::alltoall::token_dispatch(*a.ep, st.dispatch);
+}
+
+void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
+                 const NodeArgs& a) {
+    if (!s.is_moe) {
+        Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
+        moe::shared_expert_forward(p.dense, st.n2, y, st.mlp, st.arena);
+        add_into(st.h, y, out);
+        return;
+    }
+    moe::TokenDispatch& d = st.dispatch;
+    moe::alltoall::dispatch_postprocess(d);
+    moe::experts_forward(p.moe.experts, d.expert_segments, d.expert_rows, d.expert_probs,
+                         d.expert_out, st.experts, st.arena);
+    moe::alltoall::combine_preprocess(d);
+}
+
+void combine_forward(const LayerShape& s, LayerState& st, const Tensor& out, const NodeArgs& a) {
+    moe::alltoall::token_combine(*a.ep, st.dispatch);
+    Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
+    moe::alltoall::combine_postprocess(st.dispatch, st.shared_out, y);
+    add_into(st.h, y, out);
+}
+
+void combine_backward(LayerState& st, const Tensor& d_out, const NodeArgs& a) {
+    st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
+    to_compute(d_out, st.d_out_c);
+    moe::alltoall::combine_postprocess_backward(st.d_out_c, st.dispatch, st.arena);
+    moe::alltoall::token_combine_backward(*a.ep, st.dispatch);
+}
+
+void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
+                  bool with_wgrad, const NodeArgs& a) {
+    if (!s.is_moe) {
+        st.d_out_c = st.arena.alloc(d_out.shape(), s.compute_dtype);
+        to_compute(d_out, st.d_out_c);
+        st.dn2 = st.arena.alloc_zeros({s.tokens, s.hidden}, DType::kF32);
+        moe::shared_expert_backward_dgrad(p.dense, st.d_out_c, st.dn2, st.mlp, st.arena);
+    } else {
+        moe::TokenDispatch& d = st.dispatch;
+        moe::alltoall::combine_preprocess_backward(d);
+        moe::experts_backward_dgrad(p.moe.experts, d.d_expert_out, d.d_expert_rows,
+                                    d.d_expert_probs, st.experts, st.arena);
+        moe::alltoall::dispatch_postprocess_backward(d);
+    }
+    if (with_wgrad)
+        mlp_backward_dw(s, p, st, a);
+}
+
+void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const NodeArgs& a) {
+    const bool fusion = s.gradient_accumulation_fusion;
+    if (!s.is_moe) {
+        moe::shared_expert_backward_wgrad(p.dense, fusion, st.mlp, *a.scratch);
+    } else {
+        moe::experts_backward_wgrad(p.moe.experts, fusion, st.experts, *a.scratch);
+    }
+}
+
+void dispatch_backward(LayerState& st, const NodeArgs& a) {
+    moe::alltoall::token_dispatch_backward(*a.ep, st.dispatch);
+}
+
+void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable& rope,
+                           LayerState& st, const Tensor& d_out, const Tensor& d_x, bool with_wgrad,
+                           const NodeArgs& a) {
+    const int64_t T = s.tokens, H = s.hidden;
+    Arena& scratch = *a.scratch;
+    if (s.is_moe) {
+        // dn2 = unpermute + router dgrad + shared-expert dgrad, summed in that order.
+        st.dn2 = st.arena.alloc({T, H}, DType::kF32);
+        Tensor dweight = scratch.alloc({T, s.moe.topk}, DType::kF32);
+        moe::alltoall::dispatch_permute_backward(st.dispatch, st.dn2, dweight);
+        moe::router_backward_dgrad(s.moe, p.moe.router, dweight, a.loss_grad_scale, st.router,
+                                   st.dn2, st.arena);
+        if (s.moe.shared_expert_size > 0) {
+            moe::shared_expert_backward_dgrad(p.moe.shared, st.d_out_c, st.dn2, st.shared,
+                                              st.arena);
+        }
+    }
+    Tensor ws = scratch.alloc({H}, DType::kF32);
+    Tensor dh = scratch.alloc({T, H}, DType::kF32);
+    dh.copy_from(d_out);  // residual
+    rmsnorm_backward(st.h, p.pre_mlp_norm, st.rstd2, st.dn2, dh, ws);
+    Tensor dn1 = scratch.alloc({T, H}, DType::kF32);
+    attention_backward_dgrad(s.attn, p.attn, rope, dh, dn1, st.attn, st.arena, scratch);
+    d_x.copy_from(dh);  // residual
+    rmsnorm_backward(st.x, p.input_norm, st.rstd1, dn1, d_x, ws);
+    if (with_wgrad)
+        pre_dispatch_backward_dw(s, p, st, a);
+}
+
+void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st,
+                              const NodeArgs& a) {
+    const bool fusion = s.gradient_accumulation_fusion;
+    attention_backward_wgrad(p.attn, fusion, st.attn, *a.scratch);
+    if (!s.is_moe)
+        return;
+    moe::router_backward_wgrad(s.moe, p.moe.router, st.router, *a.scratch);
+    if (s.moe.shared_expert_size > 0) {
+        moe::shared_expert_backward_wgrad(p.moe.shared, fusion, st.shared, *a.scratch);
+    }
+}
+
+}  // namespace epo::model

@@ -1,0 +1,125 @@
+// One transformer layer split into the four nodes of runtime.md §3, each with forward, backward
+// (input gradients; weight gradients too unless they are delayed) and backward_dw:
+//
+//   pre_dispatch  n1 = norm(x); h = x + attention(n1); n2 = norm(h);
+//                 MoE: shared expert, router, dispatch preprocess (count exchange), permute
+//   dispatch      all-to-all of rows and weights                                  (comm stream)
+//   mlp           MoE: chunk sort, grouped experts, inverse sort; dense: out = h + mlp(n2)
+//   combine       all-to-all back, unpermute, + shared expert, out = h + moe(n2)   (comm stream)
+// backward (reverse):
+//   combine       dy(out) -> rows' gradients, all-to-all back to the experts
+//   mlp           experts dgrad (and wgrad unless delayed); dense: dn2 = mlp dgrad
+//   dispatch      all-to-all of row and weight gradients back to their tokens
+//   pre_dispatch  dn2 = unpermute + router + shared expert; dh = dy + norm2^T(dn2);
+//                 dx = dh + norm1^T(attention dgrad(dh))
+//   backward_dw   mlp: expert (or dense MLP) wgrad; pre_dispatch: attention, router and
+//                 shared-expert wgrad
+//
+// A node reads the layer's parameters and writes only its own LayerState (one per micro-batch
+// and layer), so two micro-batches can run through the same layer on two streams. Dense layers
+// have no dispatch/combine nodes. Residual stream and its gradient are f32; what feeds a GEMM
+// is the compute dtype.
+//
+// Letters: T tokens of the micro-batch, H hidden.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "epo/comm/communicator.h"
+#include "epo/model/attention.h"
+#include "epo/moe/moe_layer.h"
+#include "epo/moe/token_dispatcher.h"
+
+namespace epo::model {
+
+struct LayerShape {
+    int64_t hidden = 0;
+    int64_t tokens = 0;         // T = micro_batch_size * seq_length
+    int64_t num_sequences = 1;  // micro_batch_size
+    AttentionShape attn;
+    float norm_eps = 1e-6f;
+    bool is_moe = false;
+    int64_t ffn_hidden = 0;  // dense MLP width
+    moe::MoeConfig moe;      // global experts, top-k, ... (MoE layers)
+    int64_t num_local_experts = 0;
+    bool gradient_accumulation_fusion = false;
+    DType compute_dtype = DType::kBF16;
+};
+
+struct LayerParams {
+    Param input_norm;  // (H) "input_layernorm.weight"
+    AttentionParams attn;
+    Param pre_mlp_norm;              // (H) "pre_mlp_layernorm.weight"
+    moe::SharedExpertWeights dense;  // dense layers: fc1 (2F, H), fc2 (H, F)
+    moe::MoeLayerParams moe;         // MoE layers: router, this rank's experts, shared expert
+};
+
+// `prefix` like "decoder.layers.3.". Master weights zero; the model initializes them.
+LayerParams make_layer_params(const LayerShape& shape, const std::string& prefix);
+// Trainable parameters not sharded by expert parallelism / the experts of this rank.
+void collect_layer_params(const LayerShape& shape, LayerParams& p, std::vector<Param*>& dense,
+                          std::vector<Param*>& expert);
+
+// One micro-batch's activations through one layer, from its forward until its last backward.
+struct LayerState {
+    Arena arena{"layer activations"};
+    size_t reported_bytes = 0;  // arena bytes accounted to the pool (see gpt_model.h)
+
+    Tensor x;      // (T, H) f32 layer input (allocated here by whoever produced it)
+    Tensor n1;     // (T, H) compute dtype
+    Tensor rstd1;  // (T) f32
+    AttentionContext attn;
+    Tensor h;      // (T, H) f32 residual after attention
+    Tensor n2;     // (T, H) compute dtype
+    Tensor rstd2;  // (T) f32
+    // MoE
+    moe::RouterOutput router;
+    moe::TokenDispatch dispatch;
+    moe::ExpertsContext experts;
+    moe::ExpertsContext shared;
+    Tensor shared_out;  // (T, H) f32
+    // dense MLP
+    moe::ExpertsContext mlp;
+    // backward
+    Tensor d_out_c;  // (T, H) compute dtype: the output gradient as GEMM operand
+    Tensor dn2;      // (T, H) f32 (dense: from the mlp node)
+};
+
+// Per-step, per-layer tallies the optimizer step reads (expert-bias updates).
+struct LayerStepStats {
+    std::vector<int64_t> routed_counts;  // [E] tokens routed to each expert this step
+    double aux_loss = 0;                 // summed over micro-batches
+    double z_loss = 0;
+};
+
+struct NodeArgs {
+    comm::Communicator* ep = nullptr;  // the running stream's EP communicator
+    Arena* scratch = nullptr;          // the running stream's scratch (reset per node)
+    float loss_grad_scale = 1.0f;      // 1 / number of micro-batches
+};
+
+void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
+                          LayerState& st, LayerStepStats& stats, const NodeArgs& a);
+void dispatch_forward(LayerState& st, const NodeArgs& a);
+// Dense layers: writes out (T, H) f32 = h + mlp(n2). MoE layers: `out` is unused.
+void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
+                 const NodeArgs& a);
+// out (T, H) f32 = h + moe(n2) (+ shared expert).
+void combine_forward(const LayerShape& s, LayerState& st, const Tensor& out, const NodeArgs& a);
+
+// d_out (T, H) f32: gradient of the layer output.
+void combine_backward(LayerState& st, const Tensor& d_out, const NodeArgs& a);
+void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
+                  bool with_wgrad, const NodeArgs& a);
+void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const NodeArgs& a);
+void dispatch_backward(LayerState& st, const NodeArgs& a);
+// d_x (T, H) f32 = gradient of the layer input.
+void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable& rope,
+                           LayerState& st, const Tensor& d_out, const Tensor& d_x, bool with_wgrad,
+                           const NodeArgs& a);
+void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st,
+                              const NodeArgs& a);
+
+}  // namespace epo::model
