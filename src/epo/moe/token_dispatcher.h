@@ -1,0 +1,96 @@
+// The `alltoall` token dispatcher over the expert-parallel group (runtime.md §2), split into the
+// phases the layer's nodes run on their streams:
+//
+//   pre_dispatch (compute)  dispatch_preprocess: plan, count exchange (all-gather of per-expert
+//                           counts on the compute stream's EP communicator; skipped when padding
+//                           to capacity fixes every count), the all-to-all layout;
+//                           dispatch_permute: rows (and their weights) into the send buffer in
+//                           global expert order, which is destination-rank order
+//   dispatch (comm)         token_dispatch: all-to-all of rows and weights
+//   mlp (compute)           dispatch_postprocess: chunk sort, source-rank-major -> expert-major
+//                           segments; [experts]; combine_preprocess: the inverse sort
+//   combine (comm)          token_combine: all-to-all back; combine_postprocess: unpermute, the
+//                           k rows of a token summed in k order (+ shared expert)
+// Each backward is the same phase run in reverse: an all-to-all's backward swaps its splits.
+//
+// Experts live on their owner rank: global expert e on EP rank e / L (L local experts), so the
+// global expert order of the permutation is already grouped by destination rank.
+//
+// Letters: T tokens, H hidden, E experts, L = E / EP local experts, K top-k, R rows sent,
+// Rr rows received, Rp expert rows with alignment padding.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "epo/comm/communicator.h"
+#include "epo/moe/dispatch.h"
+#include "epo/moe/router.h"
+
+namespace epo::moe {
+
+// One micro-batch's dispatch through one layer, kept from its forward until its backward.
+// Tensors are views into the arena given to dispatch_preprocess.
+struct TokenDispatch {
+    int ep_size = 1;
+    int ep_rank = 0;
+    DispatchPlan plan;
+    ExpertSegments send_segments;      // [E] this rank's rows per global expert, packed
+    std::vector<int64_t> recv_counts;  // [EP * L] rows from source s for local expert l
+    comm::AllToAllLayout layout;       // dispatch direction, in rows
+    ExpertSegments expert_segments;    // [L] aligned segments the experts compute on
+    ChunkMoves to_experts;             // received (source-major) -> expert segments
+
+    // forward buffers
+    Tensor send_rows;     // (R, H) compute dtype
+    Tensor send_probs;    // (R) f32
+    Tensor recv_rows;     // (Rr, H)
+    Tensor recv_probs;    // (Rr)
+    Tensor expert_rows;   // (Rp, H)
+    Tensor expert_probs;  // (Rp)
+    Tensor expert_out;    // (Rp, H)
+    Tensor combine_send;  // (Rr, H)
+    Tensor combine_recv;  // (R, H)
+    // backward buffers
+    Tensor d_combine_recv;  // (R, H)
+    Tensor d_combine_send;  // (Rr, H)
+    Tensor d_expert_out;    // (Rp, H)
+    Tensor d_expert_rows;   // (Rp, H)
+    Tensor d_expert_probs;  // (Rp)
+    Tensor d_recv_rows;     // (Rr, H)
+    Tensor d_recv_probs;    // (Rr)
+    Tensor d_send_rows;     // (R, H)
+    Tensor d_send_probs;    // (R)
+};
+
+namespace alltoall {
+
+// --- forward -------------------------------------------------------------------------------
+
+// `ep_compute` is the compute stream's EP communicator (the count exchange belongs to the
+// pre_dispatch node). Allocates every forward buffer from `arena`.
+void dispatch_preprocess(const MoeConfig& cfg, comm::Communicator& ep_compute,
+                         const RouterOutput& routing, TokenDispatch& d, Arena& arena);
+// x (T, H) compute dtype -> send buffers.
+void dispatch_permute(const RouterOutput& routing, const Tensor& x, TokenDispatch& d);
+// `ep_comm` is the comm stream's EP communicator.
+void token_dispatch(comm::Communicator& ep_comm, TokenDispatch& d);
+void dispatch_postprocess(TokenDispatch& d);
+void combine_preprocess(TokenDispatch& d);
+void token_combine(comm::Communicator& ep_comm, TokenDispatch& d);
+// y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 when defined).
+void combine_postprocess(const TokenDispatch& d, const Tensor& shared, const Tensor& y);
+
+// --- backward (each phase's backward, in reverse order) --------------------------------------
+
+// dy (T, H) compute dtype -> d_combine_recv. Allocates every backward buffer from `arena`.
+void combine_postprocess_backward(const Tensor& dy, TokenDispatch& d, Arena& arena);
+void token_combine_backward(comm::Communicator& ep_comm, TokenDispatch& d);
+void combine_preprocess_backward(TokenDispatch& d);    // -> d_expert_out (padding rows zero)
+void dispatch_postprocess_backward(TokenDispatch& d);  // d_expert_* -> d_recv_*
+void token_dispatch_backward(comm::Communicator& ep_comm, TokenDispatch& d);
+// dx_acc (T, H) f32 = sum over k of the token's row gradients; dweight (T, K) f32.
+void dispatch_permute_backward(const TokenDispatch& d, const Tensor& dx_acc, const Tensor& dweight);
+
+}  // namespace alltoall
+}  // namespace epo::moe
