@@ -17,5 +17,6 @@ std::vector<std::string> normalize_harness_flags(std::vector<std::string> args);
 void add_validate_command(CLI::App& app);   // cmd_validate.cpp
 void add_moe_layer_command(CLI::App& app);  // cmd_moe_layer.cpp
 void add_launch_command(CLI::App& app);     // cmd_launch.cpp
+void add_train_command(CLI::App& app);      // cmd_train.cpp
 
 }  // namespace epo::cli

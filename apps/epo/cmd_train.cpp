@@ -1,0 +1,94 @@
+// `epo train`: one rank of a training job; run it under mpirun (`mpirun -np 4 epo train --model
+// tiny-moe -ep 4`). Every rank parses the same command line; rank 0 logs.
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "epo/comm/rank_runner.h"
+#include "epo/config/overrides.h"
+#include "epo/config/recipes.h"
+#include "epo/train/train_run.h"
+#include "harness_flags.h"
+
+namespace epo::cli {
+namespace {
+
+struct TrainArgs {
+    std::vector<std::string> positional;
+    std::string model;
+    std::string out;
+    HarnessFlags harness;
+    CLI::App* cmd = nullptr;
+};
+
+config::ConfigSources sources_from(const TrainArgs& args) {
+    config::ConfigSources sources;
+    if (args.cmd->count("--model") > 0)
+        sources.model = args.model;
+    for (const auto& arg : args.positional) {
+        if (config::looks_like_override(arg)) {
+            sources.overrides.push_back(arg);
+        } else if (sources.config_path) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("two configuration files given ('{}' and '{}'); give one, "
+                                    "and overrides as KEY=VALUE",
+                                    sources.config_path->string(), arg));
+        } else {
+            sources.config_path = arg;
+        }
+    }
+    sources.harness = harness_overrides(args.harness);
+    return sources;
+}
+
+void run_train(const TrainArgs& args) {
+    train::TrainRunOptions options;
+    options.sources = sources_from(args);
+    if (!args.out.empty())
+        options.out_dir = args.out;
+    int status = 0;
+    comm::MpiRuntime mpi(nullptr, nullptr);
+    try {
+        train::run_training(options, std::cout);
+    } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kConfig && e.kind() != ErrorKind::kUsage) {
+            comm::abort_job(std::current_exception());
+        }
+        // Every rank reaches the same verdict on the configuration: exit cleanly, rank 0 says why.
+        if (mpi.world_rank() == 0)
+            std::cerr << "epo train: " << e.what() << "\n";
+        status = exit_status_for(e.kind());
+    } catch (...) {
+        comm::abort_job(std::current_exception());
+    }
+    if (status != 0)
+        throw CLI::RuntimeError(status);
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+    auto args = std::make_shared<TrainArgs>();
+    std::string recipes;
+    for (auto name : config::recipe_names()) {
+        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
+    }
+    CLI::App* cmd = app.add_subcommand(
+        "train",
+        "Train an MoE model on this MPI job's ranks (run under mpirun); logs iterations in the "
+        "reference format and writes the finalized configuration to the run directory.");
+    args->cmd = cmd;
+    cmd->add_option("config_and_overrides", args->positional,
+                    "CONFIG.yaml, then KEY=VALUE overrides; later ones win");
+    cmd->add_option("--model", args->model, "start from a recipe: " + recipes);
+    cmd->add_option("--out", args->out,
+                    "run directory (default: <logger.log_dir>/<time>-<recipe>)");
+    add_harness_flags(*cmd, args->harness);
+    cmd->footer(
+        "Example:\n"
+        "  mpirun -np 4 epo train --model tiny-moe -ep 4 --max_steps 200\n"
+        "  mpirun -np 2 epo train --model tiny-moe -ep 2 --moe_a2a_overlap true -gb 16");
+    cmd->callback([args] { run_train(*args); });
+}
+
+}  // namespace epo::cli

@@ -1,0 +1,32 @@
+#include "epo/schedule/executor.h"
+
+#include <fmt/format.h>
+
+#include <memory>
+
+namespace epo::schedule {
+
+void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
+                    runtime::RankStreams& streams, NodeBody body) {
+    std::vector<runtime::Event> events;
+    events.reserve(static_cast<size_t>(num_micro_batches));
+    for (int mb = 0; mb < num_micro_batches; ++mb) {
+        events.emplace_back(fmt::format("mb{}", mb));
+    }
+    // Every task shares one copy of the body, alive until the last task has run.
+    auto shared_body = std::make_shared<const NodeBody>(std::move(body));
+    for (const NodeCall& call : calls) {
+        runtime::Stream& stream =
+            stream_of(call.node) == StreamId::kCompute ? *streams.compute : *streams.comm;
+        runtime::Event& event = events[static_cast<size_t>(call.micro_batch)];
+        // Why: the previous call of this micro-batch may be on the other stream; this wait
+        // binds to its record, so the call starts only when its inputs exist.
+        stream.wait(event);
+        stream.enqueue(call_name(call), [shared_body, call](runtime::StreamContext& ctx) {
+            (*shared_body)(call, ctx);
+        });
+        stream.record(event);
+    }
+}
+
+}  // namespace epo::schedule

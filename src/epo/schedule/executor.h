@@ -1,0 +1,22 @@
+// Issues a schedule's node calls to the two streams of a rank, CUDA style: each call waits on
+// its micro-batch's event, is enqueued on its stream, and records the event. One event per
+// micro-batch: a micro-batch's consecutive calls alternate streams and each wait binds to the
+// most recent record, so they serialize; calls of two micro-batches are free to overlap. The
+// issuing thread never waits for computation.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "epo/runtime/rank_streams.h"
+#include "epo/schedule/schedule.h"
+
+namespace epo::schedule {
+
+using NodeBody = std::function<void(const NodeCall&, runtime::StreamContext&)>;
+
+// Enqueues every call in order; returns without waiting (synchronize the streams after).
+void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
+                    runtime::RankStreams& streams, NodeBody body);
+
+}  // namespace epo::schedule

@@ -1,0 +1,285 @@
+#include "epo/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "epo/comm/mpi_runtime.h"
+#include "epo/schedule/executor.h"
+
+namespace epo::train {
+namespace {
+
+double seconds_between(int64_t start_ns, int64_t end_ns) {
+    return (end_ns - start_ns) * 1e-9;
+}
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               comm::Clock::now().time_since_epoch())
+        .count();
+}
+
+double sum_squares(const Param& p) {
+    const float* g = p.main_grad.data<float>();
+    double s = 0;
+    for (int64_t i = 0; i < p.main_grad.numel(); ++i)
+        s += static_cast<double>(g[i]) * g[i];
+    return s;
+}
+
+void scale(Param& p, float factor) {
+    float* g = p.main_grad.data<float>();
+    for (int64_t i = 0; i < p.main_grad.numel(); ++i)
+        g[i] *= factor;
+}
+
+// Sum over the group of one double per rank, added in group-rank order (exact and identical on
+// every rank).
+double group_sum(comm::Communicator& c, double local) {
+    std::vector<double> all(static_cast<size_t>(c.size()));
+    c.all_gather(std::span<const double>(&local, 1), std::span<double>(all));
+    double s = 0;
+    for (double v : all)
+        s += v;
+    return s;
+}
+
+LrDecayStyle lr_style(config::LrDecayStyle s) {
+    switch (s) {
+        case config::LrDecayStyle::kCosine:
+            return LrDecayStyle::kCosine;
+        case config::LrDecayStyle::kLinear:
+            return LrDecayStyle::kLinear;
+        case config::LrDecayStyle::kConstant:
+            return LrDecayStyle::kConstant;
+    }
+    return LrDecayStyle::kLinear;
+}
+
+}  // namespace
+
+struct Trainer::OptimizerState {
+    std::vector<Param*> params;
+    std::vector<std::vector<float>> exp_avg, exp_avg_sq;
+};
+
+Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
+    world_rank_ = comm::current_world_rank();
+    world_size_ = comm::current_world_size();
+    ep_size_ = cfg.model.expert_model_parallel_size;
+    dp_size_ = world_size_;  // TP = PP = CP = 1 at run time (runtime-support checks)
+    num_micro_batches_ = config::num_microbatches(cfg);
+    overlap_ = cfg.model.overlap_moe_expert_parallel_comm;
+
+    const comm::ParallelLayout layout{.world_size = world_size_,
+                                      .expert_model_parallel_size = ep_size_,
+                                      .gpus_per_node = cfg.comm.gpus_per_node};
+    comm::CommOptions comm_options;
+    comm_options.timeout_s = cfg.comm.timeout_s;
+    comm_options.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
+                                        cfg.comm.link.intra_node_gbps.value_or(0.0),
+                                        cfg.comm.link.latency_us.value_or(0.0)};
+    streams_ = runtime::make_rank_streams(layout, comm_options);
+
+    const int ep_rank = world_rank_ % ep_size_;
+    model_ =
+        std::make_unique<model::GptModel>(model::gpt_shape_from_config(cfg, ep_size_, ep_rank));
+    model_->init_weights(static_cast<uint64_t>(cfg.train.seed));
+
+    optimizer_ = std::make_unique<OptimizerState>();
+    optimizer_->params = model_->all_params();
+    for (Param* p : optimizer_->params) {
+        optimizer_->exp_avg.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
+        optimizer_->exp_avg_sq.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
+    }
+
+    DatasetConfig data{.type = cfg.dataset.type == config::DatasetType::kText ? "text" : "mock",
+                       .path = cfg.dataset.path.value_or(""),
+                       .seq_length = cfg.model.seq_length,
+                       .vocab_size = cfg.model.vocab_size.value_or(0),
+                       .seed = static_cast<uint64_t>(cfg.train.seed)};
+    dataset_ = make_dataset(data);
+
+    lr_ = LrScheduleConfig{.max_lr = cfg.optimizer.lr,
+                           .min_lr = cfg.optimizer.min_lr,
+                           .warmup_iters = cfg.train.lr_warmup_iters,
+                           .decay_iters = config::lr_decay_iters(cfg),
+                           .decay_style = lr_style(cfg.train.lr_decay_style)};
+    adam_ = AdamConfig{.lr = cfg.optimizer.lr,
+                       .beta1 = cfg.optimizer.adam_beta1,
+                       .beta2 = cfg.optimizer.adam_beta2,
+                       .eps = cfg.optimizer.adam_eps,
+                       .weight_decay = cfg.optimizer.weight_decay};
+    clip_grad_ = cfg.optimizer.clip_grad;
+
+    const model::GptShape& s = model_->shape();
+    schedule::ScheduleShape sched{static_cast<int>(num_micro_batches_), s.moe_layers,
+                                  cfg.model.delay_wgrad_compute};
+    calls_ = overlap_ ? schedule::overlap_schedule(sched) : schedule::baseline_schedule(sched);
+
+    int64_t num_moe_layers = 0;
+    for (bool m : s.moe_layers)
+        num_moe_layers += m;
+    const FlopsShape flops{.num_layers = s.num_layers,
+                           .num_moe_layers = num_moe_layers,
+                           .hidden_size = s.hidden,
+                           .ffn_hidden_size = s.ffn_hidden,
+                           .moe_ffn_hidden_size = s.moe.ffn_hidden_size,
+                           .moe_shared_expert_intermediate_size = s.moe.shared_expert_size,
+                           .moe_router_topk = s.moe.topk,
+                           .num_attention_heads = s.attn.num_heads,
+                           .num_query_groups = s.attn.num_groups,
+                           .kv_channels = s.attn.head_dim,
+                           .seq_length = s.seq_length,
+                           .vocab_size = s.vocab};
+    step_flops_ = model_flops(flops, config::global_batch_size(cfg));
+}
+
+Trainer::~Trainer() = default;
+
+StepResult Trainer::step() {
+    const model::GptShape& s = model_->shape();
+    const int n = static_cast<int>(num_micro_batches_);
+    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(n)),
+        labels(static_cast<size_t>(n));
+    for (int mb = 0; mb < n; ++mb) {
+        const MicroBatchPosition pos{.step = steps_done_,
+                                     .micro_batch = mb,
+                                     .dp_rank = world_rank_,
+                                     .dp_size = dp_size_,
+                                     .micro_batch_size = s.micro_batch_size,
+                                     .global_batch_size = config::global_batch_size(cfg_)};
+        read_micro_batch(*dataset_, pos, s.seq_length, tokens[mb], labels[mb]);
+    }
+    model_->begin_step(std::move(tokens), std::move(labels), 1.0f / static_cast<float>(n));
+    model_->reset_activation_peak();
+
+    StepResult result;
+    result.step = steps_done_ + 1;
+    const auto body = [this](const schedule::NodeCall& call, runtime::StreamContext& ctx) {
+        Arena& scratch = schedule::stream_of(call.node) == schedule::StreamId::kCompute
+                             ? compute_scratch_
+                             : comm_scratch_;
+        model_->run(call, ctx.comm().ep, scratch);
+    };
+    const int64_t start = now_ns();
+    schedule::issue_schedule(calls_, n, streams_, body);
+    // The optimizer step needs every node of both streams done.
+    runtime::Event comm_done("comm done");
+    streams_.comm->record(comm_done);
+    streams_.compute->wait(comm_done);
+    streams_.compute->enqueue("optimizer_step", [this, &result](runtime::StreamContext& ctx) {
+        finish_step(ctx, result);
+    });
+    streams_.synchronize();
+    result.step_time_s = seconds_between(start, now_ns());
+
+    for (runtime::Stream* stream : {streams_.compute.get(), streams_.comm.get()}) {
+        std::vector<runtime::TaskRecord> records = stream->take_records();
+        for (const runtime::TaskRecord& r : records) {
+            const double d = seconds_between(r.start_ns, r.end_ns);
+            if (r.kind == runtime::RecordKind::kWait) {
+                if (stream == streams_.compute.get())
+                    result.exposed_comm_s += d;
+            } else if (stream == streams_.compute.get()) {
+                result.compute_busy_s += d;
+            } else {
+                result.comm_busy_s += d;
+            }
+        }
+        if (options_.keep_records) {
+            result.records.insert(result.records.end(), records.begin(), records.end());
+        }
+    }
+    result.peak_activation_bytes = model_->peak_activation_bytes();
+    ++steps_done_;
+    return result;
+}
+
+// Runs on the compute stream after every node of the step.
+void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
+    comm::ProcessGroups& groups = ctx.comm();
+    const std::vector<Param*>& dense = model_->dense_params();
+    const std::vector<Param*>& expert = model_->expert_params();
+
+    // Gradients averaged over the data-parallel size: dense over all ranks, experts over the
+    // ranks holding the same experts (their token contributions from the other EP ranks
+    // already arrived through the all-to-all backward).
+    const float inv_dp = 1.0f / static_cast<float>(dp_size_);
+    for (Param* p : dense) {
+        if (groups.dp.size() > 1)
+            groups.dp.all_reduce_sum(
+                std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel())));
+        scale(*p, inv_dp);
+    }
+    for (Param* p : expert) {
+        if (groups.edp.size() > 1)
+            groups.edp.all_reduce_sum(
+                std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel())));
+        scale(*p, inv_dp);
+    }
+
+    // Global norm: dense gradients are identical on every rank; expert gradients differ across
+    // the EP group, whose sum of squares is added up in rank order.
+    double dense_sq = 0, expert_sq = 0;
+    for (Param* p : dense)
+        dense_sq += sum_squares(*p);
+    for (Param* p : expert)
+        expert_sq += sum_squares(*p);
+    if (groups.ep.size() > 1)
+        expert_sq = group_sum(groups.ep, expert_sq);
+    result.grad_norm = std::sqrt(dense_sq + expert_sq);
+
+    const double clip = clip_coefficient(result.grad_norm, clip_grad_);
+    result.learning_rate = learning_rate_at(lr_, steps_done_ + 1);
+    AdamConfig adam = adam_;
+    adam.lr = result.learning_rate;
+    for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+        Param& p = *optimizer_->params[i];
+        if (clip < 1.0)
+            scale(p, static_cast<float>(clip));
+        adam_step(adam, steps_done_ + 1, p.master.rank() > 1, p.master.data<float>(),
+                  p.main_grad.data<float>(),
+                  AdamState{optimizer_->exp_avg[i].data(), optimizer_->exp_avg_sq[i].data()},
+                  static_cast<size_t>(p.master.numel()));
+        refresh_compute(p);
+        zero_grad(p);
+    }
+
+    // Expert-bias updates from the step's token counts over all data-parallel ranks.
+    const model::GptShape& s = model_->shape();
+    double aux_sum = 0;
+    int64_t num_moe_layers = 0;
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+        if (!s.moe_layers[static_cast<size_t>(l)])
+            continue;
+        ++num_moe_layers;
+        const model::LayerStepStats& stats = model_->layer_stats()[static_cast<size_t>(l)];
+        aux_sum += stats.aux_loss;
+        moe::RouterParams& router = model_->layer(static_cast<int>(l)).moe.router;
+        if (s.moe.enable_expert_bias && router.expert_bias.defined()) {
+            std::vector<int64_t> all(stats.routed_counts.size() *
+                                     static_cast<size_t>(groups.dp.size()));
+            groups.dp.all_gather(std::span<const int64_t>(stats.routed_counts),
+                                 std::span<int64_t>(all));
+            std::vector<int64_t> total(stats.routed_counts.size(), 0);
+            for (size_t i = 0; i < all.size(); ++i)
+                total[i % total.size()] += all[i];
+            moe::update_expert_bias(router.expert_bias, total, s.moe.expert_bias_update_rate);
+        }
+    }
+
+    // Losses: this rank's micro-batch mean, then the mean over data-parallel ranks.
+    double lm = 0;
+    for (const model::MicroBatchResult& r : model_->results())
+        lm += r.lm_loss;
+    lm /= static_cast<double>(model_->results().size());
+    result.lm_loss = group_sum(groups.dp, lm) / groups.dp.size();
+    if (num_moe_layers > 0 && s.moe.aux_loss_coeff > 0) {
+        const double local = aux_sum / s.moe.aux_loss_coeff /
+                             (static_cast<double>(num_moe_layers) * num_micro_batches_);
+        result.load_balancing_loss = group_sum(groups.dp, local) / groups.dp.size();
+    }
+}
+
+}  // namespace epo::train

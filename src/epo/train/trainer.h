@@ -1,0 +1,96 @@
+// The training loop of one rank: data for each micro-batch, the step's schedule (baseline, or
+// the combined-1F1B overlap schedule when overlap_moe_expert_parallel_comm is on) issued to the
+// compute and comm streams, then on the compute stream: gradient reduction over data-parallel
+// groups, global gradient norm and clipping, AdamW on fp32 masters, fresh compute copies,
+// expert-bias updates and the step's loss reduction.
+//
+// Every rank runs the same Trainer; collectives go through each stream's own communicators.
+// Both schedules run the same nodes, kernels and collectives in the same per-parameter order, so
+// losses and parameters are bit-identical between them (docs/design.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "epo/config/config.h"
+#include "epo/model/gpt_model.h"
+#include "epo/runtime/rank_streams.h"
+#include "epo/schedule/schedule.h"
+#include "epo/train/adam.h"
+#include "epo/train/dataset.h"
+#include "epo/train/flops.h"
+#include "epo/train/lr_schedule.h"
+
+namespace epo::train {
+
+struct StepResult {
+    int64_t step = 0;                           // optimizer step just done, from 1
+    double lm_loss = 0;                         // mean over micro-batches and data-parallel ranks
+    std::optional<double> load_balancing_loss;  // mean aux loss / coeff over MoE layers
+    double grad_norm = 0;                       // before clipping
+    double learning_rate = 0;
+    double step_time_s = 0;     // issue of the first node to the end of the optimizer step
+    double compute_busy_s = 0;  // this rank's streams
+    double comm_busy_s = 0;
+    double exposed_comm_s = 0;  // time the compute stream waited for the comm stream
+    int64_t peak_activation_bytes = 0;
+    std::vector<runtime::TaskRecord> records;  // both streams' tasks and waits (this rank)
+};
+
+struct TrainerOptions {
+    bool keep_records = false;  // fill StepResult::records (for traces)
+};
+
+class Trainer {
+public:
+    // `cfg` must be finalized and valid for the runtime; MPI must be running. Collective: every
+    // rank constructs its Trainer at the same point.
+    Trainer(const config::Config& cfg, TrainerOptions options = {});
+    ~Trainer();
+    Trainer(const Trainer&) = delete;
+    Trainer& operator=(const Trainer&) = delete;
+
+    StepResult step();
+
+    int64_t steps_done() const { return steps_done_; }
+    bool overlap() const { return overlap_; }
+    model::GptModel& model() { return *model_; }
+    const model::GptShape& shape() const { return model_->shape(); }
+    int world_rank() const { return world_rank_; }
+    int world_size() const { return world_size_; }
+    int64_t num_micro_batches() const { return num_micro_batches_; }
+    // Model FLOPs of one step over all ranks (reference formula).
+    double step_flops() const { return step_flops_; }
+    // The node calls one step issues (for traces and the critical-path bound).
+    const std::vector<schedule::NodeCall>& schedule_calls() const { return calls_; }
+
+private:
+    struct OptimizerState;
+    void finish_step(runtime::StreamContext& ctx, StepResult& result);
+
+    config::Config cfg_;
+    TrainerOptions options_;
+    int world_rank_ = 0;
+    int world_size_ = 1;
+    int ep_size_ = 1;
+    int dp_size_ = 1;
+    int64_t num_micro_batches_ = 1;
+    bool overlap_ = false;
+    int64_t steps_done_ = 0;
+    double step_flops_ = 0;
+
+    runtime::RankStreams streams_;
+    Arena compute_scratch_{"compute scratch"};
+    Arena comm_scratch_{"comm scratch"};
+    std::unique_ptr<model::GptModel> model_;
+    std::unique_ptr<OptimizerState> optimizer_;
+    std::unique_ptr<Dataset> dataset_;
+    LrScheduleConfig lr_;
+    AdamConfig adam_;
+    double clip_grad_ = 1.0;
+    std::vector<schedule::NodeCall> calls_;
+};
+
+}  // namespace epo::train
