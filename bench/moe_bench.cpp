@@ -10,8 +10,8 @@
 //     fresh routing 1: new router weights every iteration, so the rows per expert change
 //   Counters: GFLOP/s (model FLOPs: 18 * rows * H * F per expert pass, = 3 * T * K * 6 * H * F
 //   for the layer, router not counted), minor page faults and new oneDNN primitives per
-//   iteration (after two warm-up iterations), and for the layer the share of its time spent in
-//   router + dispatch + permutation + unpermutation.
+//   iteration (after kWarmupSteps warm-up iterations), and for the layer the share of its time
+//   spent in router + dispatch + permutation + unpermutation.
 //
 // Run: OMP_NUM_THREADS=1 build/release/bench/moe_bench --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true
@@ -33,6 +33,9 @@ using epo::Tensor;
 namespace moe = epo::moe;
 
 constexpr std::int64_t kHidden = 2048, kFfn = 768, kExperts = 8;
+// Steps before measuring: the first steps create primitives and settle the allocators (the
+// process takes a few dozen page faults in steps 2-5, none after).
+constexpr int kWarmupSteps = 5;
 
 long minor_faults() {
     rusage u;
@@ -103,8 +106,8 @@ void BM_ExpertFfn(benchmark::State& state) {
     const int impl = static_cast<int>(state.range(1));
     const std::int64_t total = rows * kExperts;
     moe::ExpertWeights w = moe::make_expert_weights(kExperts, kHidden, kFfn, DType::kBF16);
-    epo::fill_normal(w.fc1.master, 1, 0.0f, 0.02f);
-    epo::fill_normal(w.fc2.master, 2, 0.0f, 0.02f);
+    epo::fill_uniform(w.fc1.master, 1, -0.03f, 0.03f);
+    epo::fill_uniform(w.fc2.master, 2, -0.03f, 0.03f);
     epo::refresh_compute(w.fc1);
     epo::refresh_compute(w.fc2);
     w.use_packed = impl != 2;
@@ -159,8 +162,8 @@ void BM_ExpertFfn(benchmark::State& state) {
             moe::experts_backward(w, /*fusion=*/true, dy, dx, dprobs, ctx, arena);
         };
     }
-    step();
-    step();
+    for (int i = 0; i < kWarmupSteps; ++i)
+        step();
     SteadyState steady;
     for (auto _ : state)
         step();
@@ -198,10 +201,11 @@ void BM_MoeLayer(benchmark::State& state) {
         moe::moe_forward(cfg, params, x, 1, ctx, y);
         moe::moe_backward(cfg, params, dy, 1.0f, ctx, dx);
     };
-    step();
-    step();
+    for (int i = 0; i < kWarmupSteps; ++i)
+        step();
     SteadyState steady;
     double routing = 0, total = 0;
+    moe::MoePhaseTimes sum;
     for (auto _ : state) {
         if (fresh_routing) {
             state.PauseTiming();
@@ -211,9 +215,21 @@ void BM_MoeLayer(benchmark::State& state) {
         step();
         routing += ctx.times.routing();
         total += ctx.times.total();
+        const moe::MoePhaseTimes& t = ctx.times;
+        sum.router_fwd += t.router_fwd + t.router_dgrad + t.router_wgrad;
+        sum.dispatch_fwd += t.dispatch_fwd + t.permute_bwd;
+        sum.combine_fwd += t.combine_fwd + t.combine_bwd;
+        sum.experts_fwd += t.experts_fwd;
+        sum.experts_dgrad += t.experts_dgrad;
     }
     steady.report(state);
     state.counters["routing_share"] = routing / total;
+    const double ms = 1e3 / static_cast<double>(state.iterations());
+    state.counters["ms_router"] = sum.router_fwd * ms;
+    state.counters["ms_permute"] = sum.dispatch_fwd * ms;
+    state.counters["ms_combine"] = sum.combine_fwd * ms;
+    state.counters["ms_experts_fwd"] = sum.experts_fwd * ms;
+    state.counters["ms_experts_bwd"] = sum.experts_dgrad * ms;
     state.counters["GFLOP/s"] =
         benchmark::Counter(18.0 * static_cast<double>(tokens) * cfg.topk * kHidden * kFfn * 1e-9,
                            benchmark::Counter::kIsIterationInvariantRate);

@@ -204,19 +204,13 @@ void moe_backward_wgrad(const MoeConfig& cfg, MoeLayerParams& params, MoeContext
 
 void moe_backward(const MoeConfig& cfg, MoeLayerParams& params, const Tensor& dy,
                   float loss_grad_scale, MoeContext& ctx, const Tensor& dx) {
-    const bool fusion = cfg.gradient_accumulation_fusion;
     backward_prologue(cfg, dy, ctx);
-    experts_backward(params.experts, fusion, ctx.dy_perm, ctx.dx_perm, ctx.dprobs_perm, ctx.experts,
-                     ctx.arena);
-    permute_backward(ctx.plan, ctx.segments, ctx.dx_perm, ctx.dprobs_perm, ctx.dx_acc, ctx.dweight);
-    router_backward_dgrad(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router, ctx.dx_acc,
-                          ctx.arena);
-    router_backward_wgrad(cfg, params.router, ctx.router, ctx.arena);
-    if (has_shared(cfg)) {
-        shared_expert_backward_dgrad(params.shared, dy, ctx.dx_acc, ctx.shared, ctx.arena);
-        shared_expert_backward_wgrad(params.shared, fusion, ctx.shared, ctx.arena);
+    {
+        Stopwatch sw(ctx.times.experts_dgrad);
+        experts_backward(params.experts, cfg.gradient_accumulation_fusion, ctx.dy_perm,
+                         ctx.dx_perm, ctx.dprobs_perm, ctx.experts, ctx.arena);
     }
-    store_dx(cfg, ctx, dx);
+    backward_epilogue(cfg, params, dy, loss_grad_scale, ctx, dx, &params);
 }
 
 }  // namespace epo::moe
