@@ -8,7 +8,10 @@
 //     mode 2: row tiles, packed weights       (what the experts use; bounded primitives)
 //     mode 3: tiles of 512 + remainder pieces (alternative tile size), packed weights
 //   BM_WgradGemm/<shape>/<M>/<mode>  weight-gradient products, M = reduction length
-//     mode 0: exact M;  mode 1: M split into 512-row chunks accumulated into C
+//     mode 0: exact M (A transposed, accumulate: what the experts run)
+//     mode 1: M split into 512-row chunks accumulated into C
+//     mode 2: exact M without accumulate (overwrite C)
+//     mode 3: exact M with A stored already transposed ([x, M], not a strided view)
 //   BM_PrimitiveCreation/<shape>     cost of creating one primitive for a new row count
 //
 // Run: OMP_NUM_THREADS=1 build/release/bench/gemm_bench --benchmark_repetitions=3
@@ -93,12 +96,21 @@ void BM_WgradGemm(benchmark::State& state) {
     const std::int64_t m = state.range(1);
     const int mode = static_cast<int>(state.range(2));
     Tensor a = random_bf16(m, s.x, 1);
+    Tensor at = random_bf16(s.x, m, 1);
     Tensor b = random_bf16(m, s.y, 2);
     Tensor c = Tensor::zeros({s.x, s.y}, DType::kF32);
     const GemmOptions acc{true, false, true, false};
     auto run = [&] {
         if (mode == 0) {
             gemm(as_matrix(a), as_matrix(b), as_matrix(c), acc);
+            return;
+        }
+        if (mode == 2) {
+            gemm(as_matrix(a), as_matrix(b), as_matrix(c), {true, false, false, false});
+            return;
+        }
+        if (mode == 3) {
+            gemm(as_matrix(at), as_matrix(b), as_matrix(c), {false, false, true, false});
             return;
         }
         for (std::int64_t m0 = 0; m0 < m; m0 += 512) {
@@ -149,7 +161,7 @@ void row_args(benchmark::internal::Benchmark* b) {
 void wgrad_args(benchmark::internal::Benchmark* b) {
     for (int shape = 0; shape < 2; ++shape) {
         for (int m : {512, 1024, 2048, 4096}) {
-            for (int mode = 0; mode < 2; ++mode)
+            for (int mode = 0; mode < 4; ++mode)
                 b->Args({shape, m, mode});
         }
     }
