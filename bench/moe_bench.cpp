@@ -201,8 +201,10 @@ void BM_MoeLayer(benchmark::State& state) {
         moe::moe_forward(cfg, params, x, 1, ctx, y);
         moe::moe_backward(cfg, params, dy, 1.0f, ctx, dx);
     };
-    for (int i = 0; i < kWarmupSteps; ++i)
+    for (int i = 0; i < kWarmupSteps; ++i) {
+        if (fresh_routing) reroute();
         step();
+    }
     SteadyState steady;
     double routing = 0, total = 0;
     moe::MoePhaseTimes sum;
