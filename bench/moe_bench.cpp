@@ -202,7 +202,8 @@ void BM_MoeLayer(benchmark::State& state) {
         moe::moe_backward(cfg, params, dy, 1.0f, ctx, dx);
     };
     for (int i = 0; i < kWarmupSteps; ++i) {
-        if (fresh_routing) reroute();
+        if (fresh_routing)
+            reroute();
         step();
     }
     SteadyState steady;
@@ -241,7 +242,8 @@ void BM_MoeLayer(benchmark::State& state) {
 BENCHMARK(BM_ExpertFfn)
     ->Apply([](benchmark::internal::Benchmark* b) {
         for (int rows : {512, 1024, 2048, 4096}) {
-            for (int impl : {0, 1, 2}) b->Args({rows, impl});
+            for (int impl : {0, 1, 2})
+                b->Args({rows, impl});
         }
     })
     ->Unit(benchmark::kMillisecond)
