@@ -2,8 +2,8 @@
 // MPI_Alltoallv of the same bytes in the same run (alternating, link model off), and the link
 // model's accuracy (measured time of all-to-alls whose modelled time is 5-20 ms).
 //
-//   mpirun -np 2 build/release/bench/comm_alltoall_bench          (Open MPI: add --allow-run-as-root)
-//   build/release/bin/epo launch -n 4 build/release/bench/comm_alltoall_bench
+//   mpirun -np 2 build/release/bench/comm_alltoall_bench          (Open MPI: add
+//   --allow-run-as-root) build/release/bin/epo launch -n 4 build/release/bench/comm_alltoall_bench
 //
 // Every rank runs every benchmark with fixed iteration counts (collectives need all ranks);
 // rank 0 prints. GB/s = bytes this rank sent to other ranks / time (bytes actually moved).
@@ -15,14 +15,19 @@
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/process_groups.h"
+#include "mpi_benchmark_main.h"
 
 namespace {
 
 using epo::comm::AllToAllLayout;
 using epo::comm::Clock;
 
-int rank_() { return epo::comm::current_world_rank(); }
-int size_() { return epo::comm::current_world_size(); }
+int rank_() {
+    return epo::comm::current_world_rank();
+}
+int size_() {
+    return epo::comm::current_world_size();
+}
 
 // Per-peer sizes vary around `mean` (0.5x .. 1.5x), the same matrix on every rank.
 AllToAllLayout variable_layout(int64_t mean, int n, int me) {
@@ -37,7 +42,9 @@ AllToAllLayout variable_layout(int64_t mean, int n, int me) {
     return AllToAllLayout::packed(send, recv);
 }
 
-std::vector<int> to_int(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+std::vector<int> to_int(const std::vector<int64_t>& v) {
+    return {v.begin(), v.end()};
+}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -55,7 +62,8 @@ void BM_AllToAllVsRawMpi(benchmark::State& state) {
     const auto sc = to_int(layout.send_counts), so = to_int(layout.send_offsets);
     const auto rc = to_int(layout.recv_counts), ro = to_int(layout.recv_offsets);
     int64_t moved = 0;
-    for (int p = 0; p < n; ++p) moved += p == me ? 0 : layout.send_counts[p];
+    for (int p = 0; p < n; ++p)
+        moved += p == me ? 0 : layout.send_counts[p];
     std::vector<double> t_raw, t_epo;
     for (auto _ : state) {
         // Alternate raw and epo so that both see the same machine load.
@@ -95,8 +103,7 @@ void BM_LinkModelAccuracy(benchmark::State& state) {
     options.link = {8, 0, 50};
     auto groups = epo::comm::ProcessGroups::create({n, n, 1}, options, "bench", nullptr);
     const double model_s = state.range(0) * 1e-3;
-    const int64_t per_peer =
-        n > 1 ? static_cast<int64_t>((model_s - 50e-6) * 1e9 / (n - 1)) : 0;
+    const int64_t per_peer = n > 1 ? static_cast<int64_t>((model_s - 50e-6) * 1e9 / (n - 1)) : 0;
     const auto layout = AllToAllLayout::packed(std::vector<int64_t>(n, per_peer),
                                                std::vector<int64_t>(n, per_peer));
     std::vector<char> send(layout.send_extent(), 1), recv(layout.recv_extent());
@@ -125,23 +132,8 @@ BENCHMARK(BM_LinkModelAccuracy)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-class NullReporter : public benchmark::BenchmarkReporter {
-public:
-    bool ReportContext(const Context&) override { return true; }
-    void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    epo::comm::MpiRuntime mpi(&argc, &argv);
-    benchmark::Initialize(&argc, argv);
-    if (mpi.world_rank() == 0) {
-        benchmark::RunSpecifiedBenchmarks();
-    } else {
-        NullReporter null;
-        benchmark::RunSpecifiedBenchmarks(&null);
-    }
-    benchmark::Shutdown();
-    return 0;
+    return epo::bench::run_mpi_benchmarks(argc, argv);
 }

@@ -4,7 +4,8 @@
 // enters an all-to-all that rank 1 (on CPU 1) joins only after a window W, while the compute
 // thread runs a GEMM loop (oneDNN sgemm, one thread) for W. Each iteration measures the GEMM rate
 // alone and then while the other thread waits, back to back; the counter gemm_rate_while_waiting
-// is the median ratio (1.0 = the wait cost nothing). Rank 1 sleeps while rank 0 measures. Strategies:
+// is the median ratio (1.0 = the wait cost nothing). Rank 1 sleeps while rank 0 measures.
+// Strategies:
 //   epo            Communicator::all_to_all_v (arrival phase: short spin, then 50 us..1 ms sleeps)
 //   mpi_blocking   MPI_Alltoallv: the library busy-polls
 //   test_50us      MPI_Ialltoallv + MPI_Test every 50 us (testing too often)
@@ -24,6 +25,7 @@
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/process_groups.h"
+#include "mpi_benchmark_main.h"
 
 namespace {
 
@@ -46,8 +48,8 @@ double gemm_rate(std::chrono::milliseconds window) {
     int64_t done = 0;
     const auto t0 = Clock::now();
     while (Clock::now() < end) {
-        dnnl_sgemm('N', 'N', kDim, kDim, kDim, 1.0f, a.data(), kDim, b.data(), kDim, 0.0f,
-                   c.data(), kDim);
+        dnnl_sgemm('N', 'N', kDim, kDim, kDim, 1.0f, a.data(), kDim, b.data(), kDim, 0.0f, c.data(),
+                   kDim);
         ++done;
     }
     return done / epo::comm::seconds_between(t0, Clock::now());
@@ -94,7 +96,8 @@ void BM_WaitCost(benchmark::State& state) {
             int done = 0;
             while (!done) {
                 MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-                if (!done) std::this_thread::sleep_for(strategy == kTest50us ? 50us : 1ms);
+                if (!done)
+                    std::this_thread::sleep_for(strategy == kTest50us ? 50us : 1ms);
             }
         }
     };
@@ -145,7 +148,8 @@ void BM_WaitCost(benchmark::State& state) {
             contended = measure_contended();
             alone = measure_alone();
         }
-        if (me == 0) ratios.push_back(contended / alone);
+        if (me == 0)
+            ratios.push_back(contended / alone);
         state.SetIterationTime(window.count() * 1e-3);
     }
     if (me == 0) {
@@ -193,7 +197,8 @@ void BM_LateRankCost(benchmark::State& state) {
     std::vector<double> cpu, wall;
     for (auto _ : state) {
         MPI_Barrier(raw);
-        if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(state.range(1)));
+        if (me == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(state.range(1)));
         const double c0 = thread_cpu_s();
         const auto t0 = Clock::now();
         if (strategy == kEpo) {
@@ -223,23 +228,8 @@ BENCHMARK(BM_LateRankCost)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-class NullReporter : public benchmark::BenchmarkReporter {
-public:
-    bool ReportContext(const Context&) override { return true; }
-    void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    epo::comm::MpiRuntime mpi(&argc, &argv);
-    benchmark::Initialize(&argc, argv);
-    if (mpi.world_rank() == 0) {
-        benchmark::RunSpecifiedBenchmarks();
-    } else {
-        NullReporter null;
-        benchmark::RunSpecifiedBenchmarks(&null);
-    }
-    benchmark::Shutdown();
-    return 0;
+    return epo::bench::run_mpi_benchmarks(argc, argv);
 }

@@ -237,7 +237,7 @@ bool Communicator::poll(std::span<MPI_Request> requests, std::vector<char>& done
         int completed = 0;
         check_mpi(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &completed,
                                poll_indices_.data(), MPI_STATUSES_IGNORE),
-                  fmt::format("MPI_Testsome on group {}", name_));
+                  "MPI_Testsome", name_);
         if (completed == MPI_UNDEFINED)
             return true;  // every request is done
         for (int i = 0; i < completed; ++i)
@@ -415,7 +415,7 @@ OpStats Communicator::all_to_all_v(const void* send, void* recv, const AllToAllL
         const MPI_Datatype type = item_type(elem_bytes);
         check_mpi(MPI_Alltoallv(send, int_send_counts_.data(), int_send_offsets_.data(), type, recv,
                                 int_recv_counts_.data(), int_recv_offsets_.data(), type, comm_),
-                  fmt::format("MPI_Alltoallv on group {}", name_));
+                  "MPI_Alltoallv", name_);
     }
     ByteCounts bytes;
     const auto eb = static_cast<int64_t>(elem_bytes);
@@ -434,7 +434,7 @@ OpStats Communicator::all_gather(const void* send, void* recv, size_t bytes_per_
     {
         auto guard = watch_data_phase(op);
         check_mpi(MPI_Allgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_),
-                  fmt::format("MPI_Allgather on group {}", name_));
+                  "MPI_Allgather", name_);
     }
     ByteCounts bytes;
     for (int p = 0; p < size_; ++p)
@@ -467,7 +467,7 @@ OpStats Communicator::all_reduce_sum(std::span<float> data) {
         check_mpi(MPI_Alltoallv(data.data(), int_send_counts_.data(), int_send_offsets_.data(),
                                 MPI_FLOAT, reduce_scratch_.data(), int_recv_counts_.data(),
                                 int_recv_offsets_.data(), MPI_FLOAT, comm_),
-                  fmt::format("MPI_Alltoallv (all_reduce) on group {}", name_));
+                  "MPI_Alltoallv (all_reduce)", name_);
         // Sum in group-rank order: the order, and so the rounding, never depends on timing.
         float* out = data.data() + chunk_begin(rank_);
         for (int i = 0; i < mine; ++i)
@@ -480,7 +480,7 @@ OpStats Communicator::all_reduce_sum(std::span<float> data) {
         check_mpi(
             MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), int_send_counts_.data(),
                            int_send_offsets_.data(), MPI_FLOAT, comm_),
-            fmt::format("MPI_Allgatherv (all_reduce) on group {}", name_));
+            "MPI_Allgatherv (all_reduce)", name_);
     }
     // Each rank sends its chunk of peer p's part to p and gets p's sum of its own chunk back.
     ByteCounts bytes;
@@ -503,8 +503,7 @@ OpStats Communicator::broadcast(void* data, size_t bytes_total, int root) {
     const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, root);
     {
         auto guard = watch_data_phase(op);
-        check_mpi(MPI_Bcast(data, count, MPI_BYTE, root, comm_),
-                  fmt::format("MPI_Bcast on group {}", name_));
+        check_mpi(MPI_Bcast(data, count, MPI_BYTE, root, comm_), "MPI_Bcast", name_);
     }
     ByteCounts bytes;
     for (int p = 0; p < size_; ++p) {

@@ -47,6 +47,11 @@ void check_mpi(int rc, std::string_view what) {
                             len > 0 ? std::string(msg, len) : "unknown error", rc));
 }
 
+void check_mpi(int rc, std::string_view call, std::string_view group) {
+    if (rc != MPI_SUCCESS) [[unlikely]]
+        check_mpi(rc, fmt::format("{} on group {}", call, group));
+}
+
 const char* thread_level_name(int level) {
     if (level == MPI_THREAD_SINGLE)
         return "MPI_THREAD_SINGLE";

@@ -24,6 +24,8 @@ std::string mpi_library_version();
 
 // Raises epo::Error(kComm, "<what> failed: <MPI's message>") unless rc is MPI_SUCCESS.
 void check_mpi(int rc, std::string_view what);
+// The same with "<call> on group <group>" as `what`, built only when it fails (hot paths).
+void check_mpi(int rc, std::string_view call, std::string_view group);
 
 // EP005 (runtime form): raises epo::Error unless `provided` is MPI_THREAD_MULTIPLE.
 void check_thread_level(int provided);
