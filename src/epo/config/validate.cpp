@@ -71,6 +71,12 @@ ValidationReport validate_for_run(const Config& config, const ValidateOptions& o
     return report;
 }
 
+ValidationReport validate_for_run(const BuiltConfig& built, const ValidateOptions& options) {
+    ValidationReport report = validate(built, options);
+    promote_runtime_findings(report);
+    return report;
+}
+
 std::optional<Finding> check_mpi_thread_level(int provided) {
     if (provided >= MPI_THREAD_MULTIPLE) {
         return std::nullopt;

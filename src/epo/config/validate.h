@@ -34,6 +34,7 @@ ValidationReport validate(const BuiltConfig& built, const ValidateOptions& optio
 void promote_runtime_findings(ValidationReport& report);
 
 ValidationReport validate_for_run(const Config& config, const ValidateOptions& options = {});
+ValidationReport validate_for_run(const BuiltConfig& built, const ValidateOptions& options = {});
 
 // EP005 in its runtime form: the comm stream's worker calls MPI while the compute stream's
 // worker does too, so the library must grant MPI_THREAD_MULTIPLE. `provided` is what

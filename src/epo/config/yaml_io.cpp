@@ -1,12 +1,16 @@
 #include "epo/config/yaml_io.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <yaml-cpp/depthguard.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -18,6 +22,48 @@ namespace epo::config {
 namespace {
 
 constexpr std::size_t kMaxYamlBytes = 16u << 20;
+
+// Well-formed UTF-8 (shortest forms, no surrogates, at most U+10FFFF): strings end up in JSON
+// reports and logs, which must stay valid text.
+bool valid_utf8(std::string_view text) {
+    std::size_t i = 0;
+    while (i < text.size()) {
+        const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+        const unsigned char lead = byte(i);
+        std::size_t length = 0;
+        std::uint32_t code = 0;
+        if (lead < 0x80) {
+            ++i;
+            continue;
+        } else if ((lead & 0xE0) == 0xC0) {
+            length = 2;
+            code = lead & 0x1F;
+        } else if ((lead & 0xF0) == 0xE0) {
+            length = 3;
+            code = lead & 0x0F;
+        } else if ((lead & 0xF8) == 0xF0) {
+            length = 4;
+            code = lead & 0x07;
+        } else {
+            return false;
+        }
+        if (i + length > text.size()) {
+            return false;
+        }
+        for (std::size_t k = 1; k < length; ++k) {
+            if ((byte(i + k) & 0xC0) != 0x80) {
+                return false;
+            }
+            code = (code << 6) | (byte(i + k) & 0x3F);
+        }
+        constexpr std::uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
+        if (code < kMinForLength[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
+            return false;
+        }
+        i += length;
+    }
+    return true;
+}
 
 // Reads YAML nodes into typed fields. `key` is the dotted path of the value being read, `mark`
 // the position of its key in the source (the user looks at the key).
@@ -47,12 +93,11 @@ public:
 
     template <Section S>
     void read_section(const YAML::Node& node, S& out, const std::string& prefix) {
-        check_keys<S>(node, prefix);
+        const std::map<std::string, Entry> given = entries<S>(node, prefix);
         S::fields(out, [&](std::string_view name, auto& field, const Limits& = Limits{}) {
-            for (const auto& entry : node) {
-                if (entry.first.Scalar() == name) {
-                    read(entry.second, field, detail::join_key(prefix, name), entry.first.Mark());
-                }
+            const auto it = given.find(std::string(name));
+            if (it != given.end()) {
+                read(it->second.value, field, detail::join_key(prefix, name), it->second.mark);
             }
         });
     }
@@ -153,6 +198,9 @@ private:
     void read_value(const YAML::Node& node, std::string& out, const std::string& key,
                     const YAML::Mark& mark) const {
         out = scalar(node, key, mark, expected<std::string>());
+        if (!valid_utf8(out)) {
+            fail(mark, key, "the value is not valid UTF-8 text");
+        }
     }
 
     template <ConfigEnum E>
@@ -205,10 +253,24 @@ private:
         read_section(node, out, key);
     }
 
-    // Every key of `node` must be a scalar, appear once, and name a field of S.
+    struct Entry {
+        YAML::Node value;
+        YAML::Mark mark;  // of the key
+    };
+
+    // The entries of a mapping by key. Every key must be a scalar, appear once, and name a field
+    // of S (else an error suggesting the closest known key).
     template <Section S>
-    void check_keys(const YAML::Node& node, const std::string& prefix) const {
-        std::set<std::string> seen;
+    std::map<std::string, Entry> entries(const YAML::Node& node, const std::string& prefix) const {
+        static const std::set<std::string, std::less<>> fields = [] {
+            std::set<std::string, std::less<>> names;
+            const S defaults{};
+            S::fields(defaults, [&](std::string_view name, const auto&, const Limits& = Limits{}) {
+                names.emplace(name);
+            });
+            return names;
+        }();
+        std::map<std::string, Entry> out;
         for (const auto& entry : node) {
             if (!entry.first.IsScalar()) {
                 fail(entry.first.Mark(), prefix.empty() ? "(top level)" : prefix,
@@ -216,19 +278,15 @@ private:
             }
             const std::string& name = entry.first.Scalar();
             const std::string key = detail::join_key(prefix, name);
-            if (!seen.insert(name).second) {
-                fail(entry.first.Mark(), key, "key given twice");
-            }
-            bool known = false;
-            S dummy{};
-            S::fields(dummy, [&](std::string_view field, auto&, const Limits& = Limits{}) {
-                known = known || field == name;
-            });
-            if (!known) {
+            if (!fields.count(name)) {
                 throw Error(ErrorKind::kUsage,
                             where(entry.first.Mark()) + unknown_key_message(key));
             }
+            if (!out.emplace(name, Entry{entry.second, entry.first.Mark()}).second) {
+                fail(entry.first.Mark(), key, "key given twice");
+            }
         }
+        return out;
     }
 
     static std::string describe(const YAML::Node& node) {
@@ -296,6 +354,13 @@ std::optional<std::string> recipe_of(const YAML::Node& root, const YamlSource& s
     for (const auto& entry : root) {
         if (entry.first.IsScalar() && entry.first.Scalar() == "recipe") {
             reader.read(entry.second, scratch.recipe, "recipe", entry.first.Mark());
+            const auto& names = recipe_names();
+            if (scratch.recipe &&
+                std::find(names.begin(), names.end(), *scratch.recipe) == names.end()) {
+                reader.fail(entry.first.Mark(), "recipe",
+                            fmt::format("unknown recipe '{}'; known recipes: {}", *scratch.recipe,
+                                        fmt::join(names, ", ")));
+            }
         }
     }
     return scratch.recipe;
