@@ -49,7 +49,10 @@ void run_validate(const ValidateArgs& args) {
     const config::BuiltConfig built = config::build_config(sources_from(args));
     const config::ValidationReport report = config::validate(built);
     if (args.json) {
-        std::cout << config::report_to_json(report).dump(2) << "\n";
+        // Invalid UTF-8 cannot come from a file (the reader refuses it); replace, never throw.
+        std::cout << config::report_to_json(report).dump(2, ' ', false,
+                                                         nlohmann::json::error_handler_t::replace)
+                  << "\n";
     } else {
         std::cout << config::format_run_log(report) << config::format_findings(report);
     }

@@ -36,20 +36,20 @@ void add_harness_flags(CLI::App& app, HarnessFlags& f) {
                    "deepep or hybridep: activate the flex dispatcher; None: force alltoall")
         ->check(CLI::IsMember({"deepep", "hybridep", "None"}));
     app.add_option("--tp,--tensor_model_parallel_size", f.tensor_model_parallel_size,
-                   "tensor-parallel size (also sets sequence_parallel = TP > 1)");
+                   "-tp N: tensor-parallel size (also sets sequence_parallel = TP > 1)");
     app.add_option("--pp,--pipeline_model_parallel_size", f.pipeline_model_parallel_size,
-                   "pipeline-parallel size");
+                   "-pp N: pipeline-parallel size");
     app.add_option("--vp,--virtual_pipeline_model_parallel_size",
-                   f.virtual_pipeline_model_parallel_size, "virtual pipeline size, or None");
+                   f.virtual_pipeline_model_parallel_size, "-vp N|None: virtual pipeline size, or None");
     app.add_option("--ep,--expert_model_parallel_size", f.expert_model_parallel_size,
-                   "expert-parallel size");
+                   "-ep N: expert-parallel size");
     app.add_option("--etp,--expert_tensor_parallel_size", f.expert_tensor_parallel_size,
-                   "expert tensor-parallel size");
+                   "-etp N: expert tensor-parallel size");
     app.add_option("--cp,--context_parallel_size", f.context_parallel_size,
-                   "context-parallel size");
-    app.add_option("--gb,--global_batch_size", f.global_batch_size, "global batch size");
-    app.add_option("--mb,--micro_batch_size", f.micro_batch_size, "micro batch size");
-    app.add_option("--sl,--seq_length", f.seq_length, "sequence length");
+                   "-cp N: context-parallel size");
+    app.add_option("--gb,--global_batch_size", f.global_batch_size, "-gb N: global batch size");
+    app.add_option("--mb,--micro_batch_size", f.micro_batch_size, "-mb N: micro batch size");
+    app.add_option("--sl,--seq_length", f.seq_length, "-sl N: sequence length");
     app.add_option("--max_steps", f.max_steps, "training iterations (train.train_iters)");
     app.add_option("--num_nodes", f.num_nodes, "nodes (comm.num_nodes)");
     app.add_option("--gpus_per_node", f.gpus_per_node, "ranks per node (comm.gpus_per_node)");
