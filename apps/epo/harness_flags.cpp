@@ -40,7 +40,8 @@ void add_harness_flags(CLI::App& app, HarnessFlags& f) {
     app.add_option("--pp,--pipeline_model_parallel_size", f.pipeline_model_parallel_size,
                    "-pp N: pipeline-parallel size");
     app.add_option("--vp,--virtual_pipeline_model_parallel_size",
-                   f.virtual_pipeline_model_parallel_size, "-vp N|None: virtual pipeline size, or None");
+                   f.virtual_pipeline_model_parallel_size,
+                   "-vp N|None: virtual pipeline size, or None");
     app.add_option("--ep,--expert_model_parallel_size", f.expert_model_parallel_size,
                    "-ep N: expert-parallel size");
     app.add_option("--etp,--expert_tensor_parallel_size", f.expert_tensor_parallel_size,

@@ -3,6 +3,7 @@
 #include "epo/config/runtime_support.h"
 
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <functional>
 #include <map>
@@ -10,14 +11,6 @@
 
 #include "config_test_util.h"
 #include "epo/config/validate.h"
-
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
 
 namespace epo::config {
 namespace {

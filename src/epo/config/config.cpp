@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "epo/config/json_io.h"
 #include "epo/config/tree_walk.h"
@@ -32,7 +33,13 @@ bool is_moe(const ModelConfig& m) {
 }
 
 int ffn_hidden_size(const ModelConfig& m) {
-    return m.ffn_hidden_size.value_or(4 * m.hidden_size);
+    if (m.ffn_hidden_size) {
+        return *m.ffn_hidden_size;
+    }
+    // 4 * hidden_size, in 64 bits: an absurd hidden_size is VA001's to report, not an overflow.
+    return static_cast<int>(std::clamp<std::int64_t>(4 * std::int64_t{m.hidden_size},
+                                                     std::numeric_limits<int>::min(),
+                                                     std::numeric_limits<int>::max()));
 }
 
 int moe_ffn_hidden_size(const ModelConfig& m) {
@@ -74,30 +81,47 @@ std::vector<bool> moe_layer_pattern(const ModelConfig& m) {
     return pattern;
 }
 
+namespace {
+
+std::int64_t saturating_mul(std::int64_t a, std::int64_t b) {
+    std::int64_t product = 0;
+    if (__builtin_mul_overflow(a, b, &product)) {
+        return (a < 0) != (b < 0) ? std::numeric_limits<std::int64_t>::min()
+                                  : std::numeric_limits<std::int64_t>::max();
+    }
+    return product;
+}
+
+}  // namespace
+
+std::int64_t model_parallel_size(const ModelConfig& m) {
+    return saturating_mul(
+        saturating_mul(m.tensor_model_parallel_size, m.pipeline_model_parallel_size),
+        m.context_parallel_size);
+}
+
 std::int64_t world_size(const Config& c) {
-    return std::int64_t{c.comm.num_nodes} * std::int64_t{c.comm.gpus_per_node};
+    return saturating_mul(c.comm.num_nodes, c.comm.gpus_per_node);
 }
 
 std::int64_t data_parallel_size(const Config& c) {
     if (c.comm_overlap && c.comm_overlap->data_parallel_size) {
         return *c.comm_overlap->data_parallel_size;
     }
-    const std::int64_t model_parallel = std::int64_t{c.model.tensor_model_parallel_size} *
-                                        c.model.pipeline_model_parallel_size *
-                                        c.model.context_parallel_size;
-    return std::max<std::int64_t>(1, world_size(c) / std::max<std::int64_t>(1, model_parallel));
+    return std::max<std::int64_t>(
+        1, world_size(c) / std::max<std::int64_t>(1, model_parallel_size(c.model)));
+}
+
+std::int64_t samples_per_step(const Config& c) {
+    return saturating_mul(c.train.micro_batch_size, data_parallel_size(c));
 }
 
 std::int64_t global_batch_size(const Config& c) {
-    if (c.train.global_batch_size) {
-        return *c.train.global_batch_size;
-    }
-    return std::int64_t{c.train.micro_batch_size} * data_parallel_size(c);
+    return c.train.global_batch_size ? *c.train.global_batch_size : samples_per_step(c);
 }
 
 std::int64_t num_microbatches(const Config& c) {
-    const std::int64_t per_step = std::int64_t{c.train.micro_batch_size} * data_parallel_size(c);
-    return global_batch_size(c) / std::max<std::int64_t>(1, per_step);
+    return global_batch_size(c) / std::max<std::int64_t>(1, samples_per_step(c));
 }
 
 int lr_decay_iters(const Config& c) {

@@ -69,9 +69,12 @@ int virtual_pipeline_size(const ModelConfig& m);  // 1 when null
 // One entry per layer: true where the layer is an MoE layer (all false for a dense model).
 std::vector<bool> moe_layer_pattern(const ModelConfig& m);
 
-std::int64_t world_size(const Config& c);  // comm.num_nodes * comm.gpus_per_node
+// Products below saturate at the int64 limits instead of overflowing (sizes are unchecked input).
+std::int64_t model_parallel_size(const ModelConfig& m);  // TP * PP * CP
+std::int64_t world_size(const Config& c);                // comm.num_nodes * comm.gpus_per_node
 // comm_overlap.data_parallel_size when given, else world size / (TP * PP * CP).
 std::int64_t data_parallel_size(const Config& c);
+std::int64_t samples_per_step(const Config& c);   // micro batch * DP: one micro-batch per rank
 std::int64_t global_batch_size(const Config& c);  // train.global_batch_size or micro * DP
 std::int64_t num_microbatches(const Config& c);   // global / (micro * DP)
 int lr_decay_iters(const Config& c);              // train.lr_decay_iters or train_iters

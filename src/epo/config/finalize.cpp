@@ -119,8 +119,7 @@ CommOverlapConfig resolved_model_overlap(const Config& config) {
     const ModelConfig& m = config.model;
     CommOverlapConfig computed;
     computed.tp_comm_overlap = false;
-    computed.tp_comm_overlap_cfg.reset();
-    computed.tp_comm_bootstrap_backend.reset();
+    computed.tp_comm_bootstrap_backend.reset();  // the only field whose default is not null
     computed.defer_embedding_wgrad_compute = false;
     computed.wgrad_deferral_limit = -1;
     computed.overlap_moe_expert_parallel_comm = false;
@@ -139,7 +138,6 @@ CommOverlapConfig resolved_optimizer_overlap(const Config& config) {
     const ModelConfig& m = config.model;
     CommOverlapConfig computed;
     computed.tp_comm_bootstrap_backend.reset();
-    computed.bucket_size.reset();
     computed.overlap_grad_reduce = false;
     computed.overlap_param_gather = false;
     computed.overlap_param_gather_with_optimizer_step = false;

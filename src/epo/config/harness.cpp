@@ -54,14 +54,6 @@ void apply_num_layers(ModelConfig& m, int num_layers) {
 
 }  // namespace
 
-bool HarnessOverrides::any() const {
-    return moe_a2a_overlap || num_nodes || gpus_per_node || max_steps ||
-           tensor_model_parallel_size || pipeline_model_parallel_size || context_parallel_size ||
-           virtual_pipeline_model_parallel_size || expert_model_parallel_size ||
-           expert_tensor_parallel_size || global_batch_size || micro_batch_size || seq_length ||
-           hidden_size || num_layers || num_moe_experts || moe_flex_dispatcher_backend;
-}
-
 std::vector<Finding> apply_harness_overrides(Config& config, const HarnessOverrides& o,
                                              const DeviceProbe& probe) {
     ModelConfig& m = config.model;

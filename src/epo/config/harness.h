@@ -46,8 +46,6 @@ struct HarnessOverrides {
     std::optional<int> num_moe_experts;
     // Outer optional: given or not; inner: a backend name or None.
     std::optional<std::optional<std::string>> moe_flex_dispatcher_backend;
-
-    bool any() const;
 };
 
 // Applies the overrides in the order above and returns the warnings of the flex activation step

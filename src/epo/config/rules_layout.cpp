@@ -57,15 +57,14 @@ void check_layout(const RuleContext& ctx) {
             "choose an EP size that divides the world size, or change --num_nodes / "
             "--gpus_per_node");
     }
-    const std::int64_t model_parallel = std::int64_t{m.tensor_model_parallel_size} *
-                                        m.pipeline_model_parallel_size * m.context_parallel_size;
+    const std::int64_t model_parallel = model_parallel_size(m);
     if (model_parallel > 0 && world > 0 && !divides(model_parallel, world)) {
         ctx.error(
             "LY003", "comm.gpus_per_node", show(c.comm.gpus_per_node),
             fmt::format("{} is not divisible by TP x PP x CP = {}", world_text, model_parallel),
             "make the world size a multiple of TP x PP x CP");
     }
-    const std::int64_t per_step = std::int64_t{c.train.micro_batch_size} * data_parallel_size(c);
+    const std::int64_t per_step = samples_per_step(c);
     if (c.train.global_batch_size && per_step > 0 &&
         !divides(per_step, *c.train.global_batch_size)) {
         ctx.error("LY004", "train.global_batch_size", show(c.train.global_batch_size),

@@ -1,14 +1,6 @@
 #include "epo/config/validate.h"
 
 #include <fmt/format.h>
-
-// <mpi.h> without the deprecated C++ bindings (only the thread-level constants are needed).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <mpi.h>
 
 #include <algorithm>
