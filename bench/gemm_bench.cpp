@@ -78,8 +78,9 @@ void BM_RowGemm(benchmark::State& state) {
         }
     };
     run();  // create the primitives outside the timed loop
-    for (auto _ : state)
+    for (auto _ : state) {
         run();
+    }
     state.SetLabel(s.name);
     state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * s.k * s.n * 1e-9,
                                                    benchmark::Counter::kIsIterationInvariantRate);
@@ -120,8 +121,9 @@ void BM_WgradGemm(benchmark::State& state) {
         }
     };
     run();
-    for (auto _ : state)
+    for (auto _ : state) {
         run();
+    }
     state.SetLabel(s.name);
     state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * s.x * s.y * 1e-9,
                                                    benchmark::Counter::kIsIterationInvariantRate);
@@ -152,8 +154,9 @@ void BM_PrimitiveCreation(benchmark::State& state) {
 void row_args(benchmark::internal::Benchmark* b) {
     for (int shape = 0; shape < 4; ++shape) {
         for (int m : {512, 700, 1000, 2048, 4096}) {
-            for (int mode = 0; mode < 4; ++mode)
+            for (int mode = 0; mode < 4; ++mode) {
                 b->Args({shape, m, mode});
+            }
         }
     }
 }
@@ -161,8 +164,9 @@ void row_args(benchmark::internal::Benchmark* b) {
 void wgrad_args(benchmark::internal::Benchmark* b) {
     for (int shape = 0; shape < 2; ++shape) {
         for (int m : {512, 1024, 2048, 4096}) {
-            for (int mode = 0; mode < 4; ++mode)
+            for (int mode = 0; mode < 4; ++mode) {
                 b->Args({shape, m, mode});
+            }
         }
     }
 }

@@ -162,11 +162,13 @@ void BM_ExpertFfn(benchmark::State& state) {
             moe::experts_backward(w, /*fusion=*/true, dy, dx, dprobs, ctx, arena);
         };
     }
-    for (int i = 0; i < kWarmupSteps; ++i)
+    for (int i = 0; i < kWarmupSteps; ++i) {
         step();
+    }
     SteadyState steady;
-    for (auto _ : state)
+    for (auto _ : state) {
         step();
+    }
     steady.report(state);
     state.SetLabel(impl == 0 ? "epo experts" : impl == 1 ? "direct oneDNN GEMMs" : "epo, unpacked");
     state.counters["GFLOP/s"] =
@@ -202,8 +204,9 @@ void BM_MoeLayer(benchmark::State& state) {
         moe::moe_backward(cfg, params, dy, 1.0f, ctx, dx);
     };
     for (int i = 0; i < kWarmupSteps; ++i) {
-        if (fresh_routing)
+        if (fresh_routing) {
             reroute();
+        }
         step();
     }
     SteadyState steady;
@@ -242,8 +245,9 @@ void BM_MoeLayer(benchmark::State& state) {
 BENCHMARK(BM_ExpertFfn)
     ->Apply([](benchmark::internal::Benchmark* b) {
         for (int rows : {512, 1024, 2048, 4096}) {
-            for (int impl : {0, 1, 2})
+            for (int impl : {0, 1, 2}) {
                 b->Args({rows, impl});
+            }
         }
     })
     ->Unit(benchmark::kMillisecond)

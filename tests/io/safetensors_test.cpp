@@ -32,8 +32,9 @@ std::vector<std::byte> file_bytes(const std::string& path) {
 std::vector<std::byte> image(const std::string& header, std::size_t data_bytes) {
     std::vector<std::byte> b(8 + header.size() + data_bytes, std::byte{0});
     const std::uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i) {
         b[i] = static_cast<std::byte>(n >> (8 * i));
+    }
     std::memcpy(b.data() + 8, header.data(), header.size());
     return b;
 }
@@ -55,8 +56,9 @@ TEST(Safetensors, RoundTripEveryDtypeWithMetadata) {
     Tensor h = Tensor::empty({2, 2, 3}, DType::kBF16);
     fill_normal(h, 2, 0.0f, 1.0f);
     Tensor i32 = Tensor::empty({4}, DType::kI32);
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i) {
         i32.data<std::int32_t>()[i] = -i * 1000;
+    }
     Tensor i64 = Tensor::empty({1}, DType::kI64);
     i64.data<std::int64_t>()[0] = 1ll << 40;
     Tensor scalar = Tensor::empty({}, DType::kF32);

@@ -74,8 +74,9 @@ TEST(Activation, SwigluMatchesTheFormulas) {
 }
 
 TEST(Activation, ScalarAndAvx512GiveTheSameBits) {
-    if (!cpu_features().avx512_core())
+    if (!cpu_features().avx512_core()) {
         GTEST_SKIP() << "no AVX-512";
+    }
     for (DType dt : {DType::kF32, DType::kBF16}) {
         for (std::int64_t f : {1, 16, 37, 768}) {
             const std::int64_t rows = 7;
@@ -102,8 +103,9 @@ TEST(Activation, NullProbsMeansWeightOne) {
     Data d = make_data(3, 8, DType::kF32);
     Tensor a1 = Tensor::empty({3, 8}, DType::kF32), a2 = Tensor::empty({3, 8}, DType::kF32);
     Tensor ones = Tensor::empty({3}, DType::kF32);
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 3; ++i) {
         ones.data<float>()[i] = 1.0f;
+    }
     swiglu_forward(as_matrix(d.h), nullptr, as_matrix(a1));
     swiglu_forward(as_matrix(d.h), ones.data<float>(), as_matrix(a2));
     EXPECT_EQ(std::memcmp(a1.raw(), a2.raw(), a1.nbytes()), 0);
@@ -115,12 +117,14 @@ TEST(Rows, AddLoadStore) {
     std::vector<float> acc(37), want(37);
     load_row(src.raw(), DType::kBF16, acc.data(), 37);
     add_row(src.raw(), DType::kBF16, acc.data(), 37);
-    for (int i = 0; i < 37; ++i)
+    for (int i = 0; i < 37; ++i) {
         EXPECT_EQ(acc[i], 2 * bf16_to_float(src.data<BF16>()[i]));
+    }
     Tensor out = Tensor::empty({37}, DType::kBF16);
     store_row(acc.data(), out.raw(), DType::kBF16, 37);
-    for (int i = 0; i < 37; ++i)
+    for (int i = 0; i < 37; ++i) {
         EXPECT_EQ(out.data<BF16>()[i].bits, float_to_bf16(acc[i]).bits);
+    }
 }
 
 }  // namespace

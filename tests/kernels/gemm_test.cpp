@@ -143,8 +143,9 @@ TEST(Gemm, EmptyDimensions) {
     Tensor a = Tensor::zeros({4, 0}, DType::kF32);
     Tensor b = Tensor::zeros({0, 3}, DType::kF32);
     Tensor c = Tensor::empty({4, 3}, DType::kF32);
-    for (int i = 0; i < 12; ++i)
+    for (int i = 0; i < 12; ++i) {
         c.data<float>()[i] = 7;
+    }
     gemm(as_matrix(a, 4, 0), as_matrix(b, 0, 3), as_matrix(c), {false, false, true, false});
     EXPECT_EQ(c.data<float>()[5], 7.0f);  // accumulate of an empty sum leaves C
     gemm(as_matrix(a, 4, 0), as_matrix(b, 0, 3), as_matrix(c));
@@ -169,8 +170,9 @@ TEST(Gemm, BadOperandsAreErrors) {
 // On CPUs with AVX512-BF16, packed bf16 weights must run oneDNN's fast kernel for every row
 // piece the tiling produces (a reference fallback would be ~100x slower).
 TEST(Gemm, PackedBf16UsesTheFastKernelForEveryRowPiece) {
-    if (!cpu_features().avx512_bf16)
+    if (!cpu_features().avx512_bf16) {
         GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+    }
     Tensor w = make_operand(768, 256, DType::kBF16, 6);
     PackedMatrix p = pack_b(view(w, 768, 256), true);
     Tensor a = Tensor::zeros({kGemmRowTile, 256}, DType::kBF16);

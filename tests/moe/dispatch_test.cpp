@@ -124,8 +124,9 @@ TEST(Dispatch, PaddingBeyondTheTokensIsAConfigError) {
 TEST(Dispatch, PermuteCombineAndTheirBackwardsAreConsistent) {
     for (bool capacity : {false, true}) {
         MoeConfig c = config(3, 2);
-        if (capacity)
+        if (capacity) {
             c.capacity_factor = 0.7;
+        }
         Routing r = routing(5, 2, {0, 1, 0, 2, 0, 1, 2, 0, 0, 2},
                             {.5f, .5f, .6f, .4f, .7f, .3f, .8f, .2f, .9f, .1f});
         Arena arena;
@@ -139,8 +140,9 @@ TEST(Dispatch, PermuteCombineAndTheirBackwardsAreConsistent) {
         combine_forward(p, seg, xp, Tensor(), y);
         for (std::int64_t t = 0; t < 5; ++t) {
             int kept = 0;
-            for (int q = 0; q < 2; ++q)
+            for (int q = 0; q < 2; ++q) {
                 kept += p.slot_row.data<std::int32_t>()[t * 2 + q] >= 0;
+            }
             for (int j = 0; j < 3; ++j) {
                 EXPECT_FLOAT_EQ(y.data<float>()[t * 3 + j], kept * x.data<float>()[t * 3 + j]);
             }
@@ -158,8 +160,9 @@ TEST(Dispatch, PermuteCombineAndTheirBackwardsAreConsistent) {
         permute_backward(p, seg, g, gp, dx, dw);
         EXPECT_NEAR(testing::dot(xp, g), testing::dot(x, dx), 1e-5);
         double wsum = 0;
-        for (std::int64_t i = 0; i < seg.total_rows(); ++i)
+        for (std::int64_t i = 0; i < seg.total_rows(); ++i) {
             wsum += value_at(pp, i) * value_at(gp, i);
+        }
         EXPECT_NEAR(wsum, testing::dot(r.weight, dw), 1e-5);
     }
 }

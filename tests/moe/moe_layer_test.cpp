@@ -53,8 +53,9 @@ struct Layer {
         return testing::dot(y, dy) + l.aux_loss + l.z_loss;
     }
     void zero_grads() {
-        for (Param* p : moe_layer_param_list(params))
+        for (Param* p : moe_layer_param_list(params)) {
             zero_grad(*p);
+        }
     }
 };
 
@@ -142,8 +143,9 @@ TEST(MoeLayer, FiniteDifferenceGradientsWithPaddingToCapacity) {
     Layer layer(c, 8, 4);
     MoeContext ctx;
     layer.loss(ctx);
-    for (std::int64_t n : ctx.plan.tokens_per_expert)
+    for (std::int64_t n : ctx.plan.tokens_per_expert) {
         EXPECT_EQ(n, ctx.plan.capacity);
+    }
     check_layer_gradients(layer, 0.5);
 }
 
@@ -204,8 +206,9 @@ RunResult run_two_microbatches(const MoeConfig& cfg, bool interleaved) {
     MoeLayerParams& p = l0.params;
     // Gradients accumulate on top of a previous step's values.
     std::uint64_t s = 50;
-    for (Param* q : moe_layer_param_list(p))
+    for (Param* q : moe_layer_param_list(p)) {
         fill_normal(q->main_grad, s++, 0.0f, 1.0f);
+    }
     MoeContext c0, c1;
     RunResult r{l0.new_activation(), l0.new_activation(), {}};
     Tensor y1 = l0.new_activation(), dx1 = l0.new_activation();
@@ -222,8 +225,9 @@ RunResult run_two_microbatches(const MoeConfig& cfg, bool interleaved) {
         moe_forward(cfg, p, l1.x, 1, c1, y1);
         moe_backward(cfg, p, l1.dy, 0.5f, c1, dx1);
     }
-    for (Param* q : moe_layer_param_list(p))
+    for (Param* q : moe_layer_param_list(p)) {
         r.grads.push_back(q->main_grad.clone());
+    }
     return r;
 }
 

@@ -35,14 +35,16 @@ inline double value_at(const Tensor& t, std::int64_t i) {
 
 inline Tensor to_f32(const Tensor& t) {
     Tensor out = Tensor::empty(t.shape(), DType::kF32);
-    for (std::int64_t i = 0; i < t.numel(); ++i)
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
         out.data<float>()[i] = static_cast<float>(value_at(t, i));
+    }
     return out;
 }
 
 inline Tensor to_dtype(const Tensor& t, DType dt) {
-    if (dt == DType::kF32)
+    if (dt == DType::kF32) {
         return to_f32(t);
+    }
     Tensor out = Tensor::empty(t.shape(), DType::kBF16);
     for (std::int64_t i = 0; i < t.numel(); ++i) {
         out.data<BF16>()[i] = float_to_bf16(static_cast<float>(value_at(t, i)));
@@ -53,8 +55,9 @@ inline Tensor to_dtype(const Tensor& t, DType dt) {
 inline double dot(const Tensor& a, const Tensor& b) {
     EXPECT_EQ(a.numel(), b.numel());
     double s = 0;
-    for (std::int64_t i = 0; i < a.numel(); ++i)
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
         s += value_at(a, i) * value_at(b, i);
+    }
     return s;
 }
 
@@ -96,8 +99,9 @@ inline int check_gradient(
         const bool flip_m = discontinuous();
         p[i] = orig;
         touched();
-        if (flip_p || flip_m)
+        if (flip_p || flip_m) {
             continue;
+        }
         const double fd = (lp - lm) / (2 * eps);
         const double an = value_at(analytic, i);
         EXPECT_NEAR(an, fd, atol + rtol * std::fabs(fd)) << what << "[" << i << "]";

@@ -121,20 +121,23 @@ TEST(Router, AuxAndZLossValues) {
     double z = 0;
     for (std::int64_t t = 0; t < t_count; ++t) {
         double s = 0;
-        for (std::int64_t e = 0; e < e_count; ++e)
+        for (std::int64_t e = 0; e < e_count; ++e) {
             s += std::exp(logits[t * 4 + e]);
+        }
         z += std::log(s) * std::log(s);
         std::int64_t best = 0;
         for (std::int64_t e = 0; e < e_count; ++e) {
             psum[e] += std::exp(logits[t * 4 + e]) / s;
-            if (logits[t * 4 + e] > logits[t * 4 + best])
+            if (logits[t * 4 + e] > logits[t * 4 + best]) {
                 best = e;
+            }
         }
         counts[best] += 1;
     }
     double aux = 0;
-    for (int e = 0; e < 4; ++e)
+    for (int e = 0; e < 4; ++e) {
         aux += psum[e] * counts[e];
+    }
     aux *= 0.5 * 4 / (1.0 * 9);
     EXPECT_NEAR(out.aux_loss, aux, 1e-6);
     EXPECT_NEAR(out.z_loss, 0.25 * z / 3, 1e-6);
@@ -190,8 +193,9 @@ void check_router_gradients(const GradCase& gc) {
     RouterParams params = make_router_params(cfg);
     fill_normal(params.weight.master, 11, 0.0f, 1.0f);
     refresh_compute(params.weight);
-    if (cfg.enable_expert_bias)
+    if (cfg.enable_expert_bias) {
         fill_normal(params.expert_bias, 12, 0.0f, 0.3f);
+    }
     Tensor x = random_tensor({t_count, cfg.hidden_size}, DType::kF32, 13);
     Tensor g = random_tensor({t_count, cfg.topk}, DType::kF32, 14);
     Arena arena;
@@ -272,8 +276,9 @@ TEST(Router, FiniteDifferenceGradients) {
         c.aux_loss_coeff = 1.5;
         cases.push_back({"top-k = E", c, 1});
     }
-    for (const GradCase& gc : cases)
+    for (const GradCase& gc : cases) {
         check_router_gradients(gc);
+    }
 }
 
 TEST(Router, LossGradScaleScalesOnlyTheLossTerms) {

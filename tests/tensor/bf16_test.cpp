@@ -30,10 +30,12 @@ std::uint16_t rne_by_distance(float f) {
     const std::uint32_t hi = lo + 0x10000u;
     const double dl = std::fabs(static_cast<double>(f) - static_cast<double>(from_bits(lo)));
     const double dh = std::fabs(static_cast<double>(from_bits(hi)) - static_cast<double>(f));
-    if (dl < dh)
+    if (dl < dh) {
         return static_cast<std::uint16_t>(lo >> 16);
-    if (dh < dl)
+    }
+    if (dh < dl) {
         return static_cast<std::uint16_t>(hi >> 16);
+    }
     return static_cast<std::uint16_t>(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
 }
 
@@ -70,8 +72,9 @@ TEST(Bf16, WideningIsExact) {
     for (std::uint32_t h = 0; h < 0x10000; ++h) {
         const BF16 b{static_cast<std::uint16_t>(h)};
         const float f = bf16_to_float(b);
-        if (std::isnan(f))
+        if (std::isnan(f)) {
             continue;
+        }
         ASSERT_EQ(float_to_bf16(f).bits, h);
     }
 }
@@ -97,8 +100,9 @@ TEST(Bf16, VectorImplementationsMatchScalar) {
     convert_bf16_to_f32(want.data(), wide_want.data(), n, Bf16Impl::kScalar);
     int tested = 0;
     for (Bf16Impl impl : {Bf16Impl::kAvx512, Bf16Impl::kAvx512Bf16, Bf16Impl::kAuto}) {
-        if (!bf16_impl_supported(impl))
+        if (!bf16_impl_supported(impl)) {
             continue;
+        }
         ++tested;
         convert_f32_to_bf16(src.data(), got.data(), n, impl);
         for (std::size_t i = 0; i < n; ++i) {

@@ -18,8 +18,9 @@ TEST(Tensor, ShapeAndViews) {
     EXPECT_EQ(t.shape().str(), "[4, 3]");
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.raw()) % 64, 0u);
     float* p = t.data<float>();
-    for (int i = 0; i < 12; ++i)
+    for (int i = 0; i < 12; ++i) {
         p[i] = static_cast<float>(i);
+    }
     Tensor r = t.rows(1, 3);
     EXPECT_EQ(r.shape(), Shape({2, 3}));
     EXPECT_EQ(r.data<float>()[0], 3.0f);
@@ -69,8 +70,9 @@ TEST(Arena, GrowsThenMergesSoTheNextCycleDoesNotGrow) {
     }
     // Cycle 0 grew (and the reset merged); cycles 1 and 2 mapped nothing new.
     const int maps_after_first = arena.num_maps();
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i) {
         arena.alloc({1 << 19}, DType::kF32);
+    }
     arena.reset();
     EXPECT_EQ(arena.num_maps(), maps_after_first);
     EXPECT_GE(arena.capacity(), std::size_t{16} << 20);
@@ -79,12 +81,14 @@ TEST(Arena, GrowsThenMergesSoTheNextCycleDoesNotGrow) {
 TEST(Arena, AllocZerosIsZero) {
     Arena arena;
     Tensor t = arena.alloc({100}, DType::kF32);
-    for (int i = 0; i < 100; ++i)
+    for (int i = 0; i < 100; ++i) {
         t.data<float>()[i] = 5;
+    }
     arena.reset();
     Tensor z = arena.alloc_zeros({100}, DType::kF32);
-    for (int i = 0; i < 100; ++i)
+    for (int i = 0; i < 100; ++i) {
         ASSERT_EQ(z.data<float>()[i], 0.0f);
+    }
 }
 
 TEST(Param, Bf16ComputeCopyFollowsMasterOnRefresh) {

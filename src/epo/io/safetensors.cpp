@@ -34,8 +34,9 @@ bool parse_dtype(const std::string& s, DType* out) {
 
 std::uint64_t read_u64_le(const std::byte* p) {
     std::uint64_t v = 0;
-    for (int i = 7; i >= 0; --i)
+    for (int i = 7; i >= 0; --i) {
         v = (v << 8) | static_cast<std::uint8_t>(p[i]);
+    }
     return v;
 }
 
@@ -54,10 +55,12 @@ std::uint64_t as_count(const json& v, const std::string& source, const std::stri
 }
 
 Entry parse_entry(const std::string& name, const json& v, const std::string& source) {
-    if (name.empty())
+    if (name.empty()) {
         corrupt(source, "a tensor has an empty name");
-    if (!v.is_object())
+    }
+    if (!v.is_object()) {
         corrupt(source, fmt::format("entry '{}' is not an object", name));
+    }
     for (const auto& [key, _] : v.items()) {
         if (key != "dtype" && key != "shape" && key != "data_offsets") {
             corrupt(source, fmt::format("entry '{}' has an unknown field '{}'", name, key));
@@ -68,8 +71,9 @@ Entry parse_entry(const std::string& name, const json& v, const std::string& sou
     }
     Entry e;
     e.name = name;
-    if (!v["dtype"].is_string())
+    if (!v["dtype"].is_string()) {
         corrupt(source, fmt::format("dtype of '{}' is not a string", name));
+    }
     const std::string dt = v["dtype"].get<std::string>();
     if (!parse_dtype(dt, &e.dtype)) {
         corrupt(source, fmt::format("tensor '{}' has dtype '{}'; supported: F32, BF16, I32, I64",
@@ -113,8 +117,9 @@ json parse_header(std::string_view text, const std::string& source) {
     const json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
         if (depth == 1 && event == json::parse_event_t::key) {
             const std::string key = parsed.get<std::string>();
-            if (!names.insert(key).second && duplicate.empty())
+            if (!names.insert(key).second && duplicate.empty()) {
                 duplicate = key;
+            }
         }
         return true;
     };
@@ -124,10 +129,12 @@ json parse_header(std::string_view text, const std::string& source) {
     } catch (const json::exception& e) {
         corrupt(source, fmt::format("the header is not valid JSON ({})", e.what()));
     }
-    if (!duplicate.empty())
+    if (!duplicate.empty()) {
         corrupt(source, fmt::format("tensor name '{}' appears twice", duplicate));
-    if (!header.is_object())
+    }
+    if (!header.is_object()) {
         corrupt(source, "the header is not a JSON object");
+    }
     return header;
 }
 
@@ -149,8 +156,9 @@ const char* safetensors_dtype_name(DType dtype) {
 
 const Tensor* SafetensorsFile::find(std::string_view name) const {
     for (const NamedTensor& t : tensors) {
-        if (t.name == name)
+        if (t.name == name) {
             return &t.tensor;
+        }
     }
     return nullptr;
 }
@@ -185,8 +193,9 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
     std::vector<Entry> entries;
     for (const auto& [key, value] : header.items()) {
         if (key == "__metadata__") {
-            if (!value.is_object())
+            if (!value.is_object()) {
                 corrupt(source, "__metadata__ is not an object");
+            }
             for (const auto& [mk, mv] : value.items()) {
                 if (!mv.is_string()) {
                     corrupt(source,
@@ -224,8 +233,9 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::s
     const std::byte* data = bytes.data() + 8 + n;
     for (const Entry& e : entries) {
         Tensor t = Tensor::empty(e.shape, e.dtype);
-        if (t.nbytes())
+        if (t.nbytes()) {
             std::memcpy(t.raw(), data + e.begin, t.nbytes());
+        }
         file.tensors.push_back(NamedTensor{e.name, t});
     }
     return file;
@@ -239,8 +249,9 @@ SafetensorsFile read_safetensors(const std::string& path) {
     }
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
-    if (ec)
+    if (ec) {
         throw Error(ErrorKind::kIo, fmt::format("cannot stat '{}': {}", path, ec.message()));
+    }
     std::vector<std::byte> bytes(static_cast<std::size_t>(size));
     if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
         throw Error(ErrorKind::kIo, fmt::format("cannot read '{}'", path));
@@ -251,8 +262,9 @@ SafetensorsFile read_safetensors(const std::string& path) {
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
     json header = json::object();
-    if (!metadata.empty())
+    if (!metadata.empty()) {
         header["__metadata__"] = metadata;
+    }
     std::uint64_t pos = 0;
     std::set<std::string> names;
     for (const NamedTensor& t : tensors) {
@@ -262,8 +274,9 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                                     t.name));
         }
         json shape = json::array();
-        for (int i = 0; i < t.tensor.rank(); ++i)
+        for (int i = 0; i < t.tensor.rank(); ++i) {
             shape.push_back(t.tensor.dim(i));
+        }
         header[t.name] = {{"dtype", safetensors_dtype_name(t.tensor.dtype())},
                           {"shape", shape},
                           {"data_offsets", {pos, pos + t.tensor.nbytes()}}};
@@ -279,8 +292,9 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                     fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
     }
     unsigned char len[8];
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i) {
         len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+    }
     bool ok = std::fwrite(len, 1, 8, f) == 8 &&
               std::fwrite(text.data(), 1, text.size(), f) == text.size();
     for (const NamedTensor& t : tensors) {

@@ -30,8 +30,9 @@ float exp_scalar(float x) {
     const float n = std::nearbyint(x * kLog2e);
     const float r = (x - n * kLn2Hi) - n * kLn2Lo;
     float p = kC[7];
-    for (int i = 6; i >= 0; --i)
+    for (int i = 6; i >= 0; --i) {
         p = p * r + kC[i];
+    }
     const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23;
     float scale;
     std::memcpy(&scale, &bits, 4);
@@ -45,8 +46,9 @@ EPO_AVX512 inline __m512 exp16(__m512 x) {
     const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi))),
                                    _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
     __m512 p = _mm512_set1_ps(kC[7]);
-    for (int i = 6; i >= 0; --i)
+    for (int i = 6; i >= 0; --i) {
         p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kC[i]));
+    }
     const __m512i bits =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
@@ -74,12 +76,15 @@ void st(T* p, std::int64_t i, float v) {
 // quarters, ... lane i + 8 into lane i first.
 float reduce16(const float* lane) {
     float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i) {
         s8[i] = lane[i] + lane[i + 8];
-    for (int i = 0; i < 4; ++i)
+    }
+    for (int i = 0; i < 4; ++i) {
         s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; ++i)
+    }
+    for (int i = 0; i < 2; ++i) {
         s2[i] = s4[i] + s4[i + 2];
+    }
     return s2[0] + s2[1];
 }
 
@@ -136,8 +141,9 @@ void backward_scalar(const Matrix& h, const float* probs, const Matrix& da, cons
             st(dhr, f_size + f, dq * silu);
             st(dhr, f, ((dq * u) * s) * (1.0f + g * (1.0f - s)));
         }
-        if (dprobs)
+        if (dprobs) {
             dprobs[r] = reduce16(lane);
+        }
     }
 }
 
@@ -175,8 +181,9 @@ EPO_AVX512 void backward_avx512(const Matrix& h, const float* probs, const Matri
 }
 
 bool avx512(KernelImpl impl) {
-    if (impl == KernelImpl::kScalar)
+    if (impl == KernelImpl::kScalar) {
         return false;
+    }
     const bool have = cpu_features().avx512_core();
     EPO_CHECK(have || impl == KernelImpl::kAuto, "AVX-512 kernel requested on a CPU without it");
     return have;

@@ -28,10 +28,12 @@ std::string cpu_features_string() {
     const CpuFeatures& f = cpu_features();
     std::string s;
     auto add = [&](bool on, const char* name) {
-        if (!on)
+        if (!on) {
             return;
-        if (!s.empty())
+        }
+        if (!s.empty()) {
             s += ' ';
+        }
         s += name;
     };
     add(f.avx2, "avx2");

@@ -43,8 +43,9 @@ void* thread_scratchpad(std::size_t bytes) {
         std::free(buf.p);
         const std::size_t size = (bytes + 4095) / 4096 * 4096;
         buf.p = std::aligned_alloc(4096, size);
-        if (buf.p == nullptr)
+        if (buf.p == nullptr) {
             throw std::bad_alloc();
+        }
         std::memset(buf.p, 0, size);  // fault the pages now, not inside a timed step
         buf.size = size;
     }
@@ -71,8 +72,9 @@ struct PackedFormats {
     int id_of(const memory::desc& d) {
         std::lock_guard<std::mutex> lock(mu);
         for (std::size_t i = 0; i < descs.size(); ++i) {
-            if (descs[i] == d)
+            if (descs[i] == d) {
                 return static_cast<int>(i);
+            }
         }
         descs.push_back(d);
         return static_cast<int>(descs.size() - 1);
@@ -133,8 +135,9 @@ memory::desc a_desc(const Key& k) {
 }
 
 memory::desc b_desc(const Key& k) {
-    if (k.b_format >= 0)
+    if (k.b_format >= 0) {
         return packed_formats().get(k.b_format);
+    }
     return k.trans_b ? memory::desc({k.k, k.n}, dnnl_type(k.ab_type), memory::dims{1, k.ldb})
                      : memory::desc({k.k, k.n}, dnnl_type(k.ab_type), memory::dims{k.ldb, 1});
 }
@@ -168,8 +171,9 @@ public:
         ++creations_;
         create_seconds_ += dt;
         auto it = map_.find(key);
-        if (it != map_.end())
+        if (it != map_.end()) {
             return it->second->second;
+        }
         lru_.emplace_front(key, prim);
         map_.emplace(key, lru_.begin());
         if (lru_.size() > kCapacity) {
@@ -295,16 +299,18 @@ void for_each_row_piece(std::int64_t m, bool row_tiles, RunRows run) {
         return;
     }
     std::int64_t m0 = 0;
-    for (; m - m0 >= kGemmRowTile; m0 += kGemmRowTile)
+    for (; m - m0 >= kGemmRowTile; m0 += kGemmRowTile) {
         run(m0, kGemmRowTile);
+    }
     for (std::int64_t piece = kGemmRowTile / 2; piece >= 16; piece /= 2) {
         if (m - m0 >= piece) {
             run(m0, piece);
             m0 += piece;
         }
     }
-    if (m0 < m)
+    if (m0 < m) {
         run(m0, m - m0);
+    }
 }
 
 Key make_key(const Matrix& a, const Matrix& c, Dims d, std::int64_t ldb, int b_format,
@@ -356,8 +362,9 @@ std::size_t PackedMatrix::nbytes() const {
 }
 
 Matrix as_matrix(const Tensor& t) {
-    if (t.rank() == 1)
+    if (t.rank() == 1) {
         return Matrix{t.raw(), t.dtype(), 1, t.dim(0), t.dim(0)};
+    }
     EPO_CHECK(t.rank() >= 2, "as_matrix of a rank-{} tensor", t.rank());
     return Matrix{t.raw(), t.dtype(), t.dim(0), t.row_size(), t.row_size()};
 }
@@ -408,8 +415,9 @@ PackedMatrix pack_b(const Matrix& b, bool trans_b) {
     impl->dtype = b.dtype;
     impl->bytes = impl->desc.get_size();
     impl->data = std::aligned_alloc(4096, (impl->bytes + 4095) / 4096 * 4096);
-    if (impl->data == nullptr)
+    if (impl->data == nullptr) {
         throw std::bad_alloc();
+    }
     std::memset(impl->data, 0, impl->bytes);
     PackedMatrix packed(std::move(impl));
     repack_b(packed, b, trans_b);
@@ -435,11 +443,13 @@ void repack_b(PackedMatrix& packed, const Matrix& b, bool trans_b) {
 void gemm(const Matrix& a, const Matrix& b, const Matrix& c, const GemmOptions& opts) {
     check_matrix(b, "B");
     const Dims d = check_args(a, b.rows, b.cols, b.dtype, c, opts);
-    if (d.m == 0 || d.n == 0)
+    if (d.m == 0 || d.n == 0) {
         return;
+    }
     if (d.k == 0) {
-        if (!opts.accumulate)
+        if (!opts.accumulate) {
             zero_c(c);
+        }
         return;
     }
     for_each_row_piece(d.m, opts.row_tiles, [&](std::int64_t m0, std::int64_t rows) {
@@ -453,8 +463,9 @@ void gemm(const Matrix& a, const PackedMatrix& b, const Matrix& c, const GemmOpt
     EPO_CHECK(!b.empty(), "gemm with an empty PackedMatrix");
     EPO_CHECK(!opts.trans_b, "gemm: trans_b with a packed B (packing applies the transpose)");
     const Dims d = check_args(a, b.k(), b.n(), b.dtype(), c, opts);
-    if (d.m == 0)
+    if (d.m == 0) {
         return;
+    }
     const int format = b.impl()->format_id;
     for_each_row_piece(d.m, opts.row_tiles, [&](std::int64_t m0, std::int64_t rows) {
         Key key = make_key(a, c, Dims{rows, d.k, d.n}, 0, format, opts);

@@ -5,8 +5,9 @@ namespace {
 
 double load(const Matrix& m, std::int64_t i, std::int64_t j) {
     const std::size_t off = static_cast<std::size_t>(i * m.ld + j);
-    if (m.dtype == DType::kBF16)
+    if (m.dtype == DType::kBF16) {
         return bf16_to_float(static_cast<const BF16*>(m.data)[off]);
+    }
     return static_cast<const float*>(m.data)[off];
 }
 

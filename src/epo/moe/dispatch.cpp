@@ -86,8 +86,9 @@ DispatchPlan dispatch_preprocess(const MoeConfig& cfg, const Tensor& topk_index,
         EPO_CHECK(e >= 0 && e < e_count, "topk_index {} out of [0, {})", e, e_count);
         ++routed[static_cast<std::size_t>(e) + 1];
     }
-    for (std::int64_t e = 0; e < e_count; ++e)
+    for (std::int64_t e = 0; e < e_count; ++e) {
         routed[e + 1] += routed[e];
+    }
     std::int32_t* by_expert = arena.alloc({t_count * k}, DType::kI32).data<std::int32_t>();
     {
         std::vector<std::int64_t> fill(routed.begin(), routed.end() - 1);
@@ -153,10 +154,12 @@ DispatchPlan dispatch_preprocess(const MoeConfig& cfg, const Tensor& topk_index,
                 ++j;
             } else if (pads > 0) {
                 bool routed_here = false;
-                for (std::int64_t q = 0; q < k; ++q)
+                for (std::int64_t q = 0; q < k; ++q) {
                     routed_here |= idx[t * k + q] == e;
-                if (routed_here)
+                }
+                if (routed_here) {
                     continue;  // a dropped token is not a padding row
+                }
                 row_token[r] = static_cast<std::int32_t>(t);
                 row_slot[r] = -1;
                 ++r;
@@ -219,8 +222,9 @@ void permute_backward(const DispatchPlan& plan, const ExpertSegments& seg, const
             first = false;
             dw[t * k + q] = dprobs[row];
         }
-        if (first)
+        if (first) {
             std::fill(acc, acc + h, 0.0f);
+        }
     }
 }
 
@@ -229,16 +233,18 @@ void combine_forward(const DispatchPlan& plan, const ExpertSegments& seg, const 
     check_segments(plan, seg);
     const std::int64_t t_count = plan.num_tokens, k = plan.topk, h = y_perm.row_size();
     check_tensor(y, {t_count, h}, y.dtype(), "combine output y");
-    if (shared.defined())
+    if (shared.defined()) {
         check_tensor(shared, {t_count, h}, DType::kF32, "shared expert output");
+    }
     const std::int32_t* slot_row = plan.slot_row.data<std::int32_t>();
     std::vector<float> acc(static_cast<std::size_t>(h));
     for (std::int64_t t = 0; t < t_count; ++t) {
         bool first = true;
         for (std::int64_t q = 0; q < k; ++q) {
             const std::int32_t r = slot_row[t * k + q];
-            if (r < 0)
+            if (r < 0) {
                 continue;
+            }
             const char* src = row_ptr(y_perm, layout_row(plan, seg, r));
             if (first) {
                 kernels::load_row(src, y_perm.dtype(), acc.data(), h);
@@ -247,10 +253,12 @@ void combine_forward(const DispatchPlan& plan, const ExpertSegments& seg, const 
             }
             first = false;
         }
-        if (first)
+        if (first) {
             std::fill(acc.begin(), acc.end(), 0.0f);
-        if (shared.defined())
+        }
+        if (shared.defined()) {
             kernels::add_row(row_ptr(shared, t), DType::kF32, acc.data(), h);
+        }
         kernels::store_row(acc.data(), row_ptr(y, t), y.dtype(), h);
     }
 }
@@ -282,8 +290,9 @@ void zero_segment_padding(const ExpertSegments& seg, const Tensor& rows) {
     const std::size_t bytes = row_bytes(rows);
     for (std::int64_t e = 0; e < seg.num_experts(); ++e) {
         const std::int64_t pad = seg.padded_count(e) - seg.counts[e];
-        if (pad > 0)
+        if (pad > 0) {
             std::memset(row_ptr(rows, seg.offsets[e] + seg.counts[e]), 0, bytes * pad);
+        }
     }
 }
 

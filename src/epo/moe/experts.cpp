@@ -52,8 +52,9 @@ void pack_all(std::vector<kernels::PackedMatrix>& dst, const Tensor& weight, boo
     const std::int64_t e_count = weight.dim(0);
     if (dst.size() != static_cast<std::size_t>(e_count)) {
         dst.clear();
-        for (std::int64_t e = 0; e < e_count; ++e)
+        for (std::int64_t e = 0; e < e_count; ++e) {
             dst.push_back(kernels::pack_b(slice(weight, e), trans));
+        }
         return;
     }
     for (std::int64_t e = 0; e < e_count; ++e) {
@@ -63,8 +64,9 @@ void pack_all(std::vector<kernels::PackedMatrix>& dst, const Tensor& weight, boo
 
 // Rebuilds the packed copies whose Param changed since they were made.
 void ensure_packed(const ExpertWeights& w) {
-    if (!w.use_packed)
+    if (!w.use_packed) {
         return;
+    }
     PackedFfnWeights& p = *w.packed;
     if (p.fc1_version != w.fc1.version || p.fc1_fwd.empty()) {
         pack_all(p.fc1_fwd, w.fc1.compute, true);
@@ -131,14 +133,16 @@ void ffn_dgrad(const Ffn& f, Rows r, const ExpertsContext& ctx, const float* pro
     }
     weight_gemm(sub_rows(dh, 0, r.n), f.w1, false, f.fc1_dgrad, sub_rows(dxm, 0, r.n));  // dh W1
     zero_rows(dxm, r.n, r.np);
-    if (dprobs)
+    if (dprobs) {
         std::fill(dprobs + r.off + r.n, dprobs + r.off + r.np, 0.0f);
+    }
 }
 
 void ffn_wgrad(const Ffn& f, Rows r, const ExpertsContext& ctx, bool fusion,
                const Tensor& workspace) {
-    if (r.np == 0)
+    if (r.np == 0) {
         return;
+    }
     // dW2 [H, F] += dy^T [H, Rp] a [Rp, F];  dW1 [2F, H] += dh^T [2F, Rp] x [Rp, H]
     accumulate_weight_grad(sub_rows(as_matrix(ctx.dy), r.off, r.np),
                            sub_rows(as_matrix(ctx.a), r.off, r.np), f.g2, true, false, fusion,

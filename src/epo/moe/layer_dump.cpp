@@ -9,8 +9,9 @@ namespace epo::moe {
 namespace {
 
 Tensor widened(const Tensor& t) {
-    if (t.dtype() == DType::kF32)
+    if (t.dtype() == DType::kF32) {
         return t.clone();
+    }
     Tensor out = Tensor::empty(t.shape(), DType::kF32);
     convert_bf16_to_f32(t.data<BF16>(), out.data<float>(), static_cast<std::size_t>(t.numel()));
     return out;
@@ -67,8 +68,9 @@ MoeLayerDumpResult run_moe_layer_dump(const MoeLayerDumpOptions& o) {
     out.push_back({"aux_loss", scalar(losses.aux_loss)});
     out.push_back({"z_loss", scalar(losses.z_loss)});
     out.push_back({"dx", widened(dx)});
-    for (Param* p : weights)
+    for (Param* p : weights) {
         out.push_back({p->name + ".grad", p->main_grad});
+    }
 
     std::map<std::string, std::string> meta = o.metadata;
     meta["tokens"] = std::to_string(o.tokens);

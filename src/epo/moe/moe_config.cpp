@@ -38,8 +38,9 @@ const char* precision_name(Precision p) {
 }
 
 void validate_moe_config(const MoeConfig& c) {
-    if (c.hidden_size < 1)
+    if (c.hidden_size < 1) {
         bad(fmt::format("hidden_size={} must be >= 1", c.hidden_size));
+    }
     if (c.num_experts < 1) {
         bad(fmt::format("num_moe_experts={} must be >= 1 for an MoE layer", c.num_experts));
     }
@@ -104,8 +105,9 @@ DType router_dtype(const MoeConfig& cfg) {
 }
 
 std::int64_t expert_capacity(const MoeConfig& cfg, std::int64_t num_tokens) {
-    if (!cfg.capacity_factor)
+    if (!cfg.capacity_factor) {
         return -1;
+    }
     const double rows = static_cast<double>(num_tokens * cfg.topk);
     return static_cast<std::int64_t>(
         std::ceil(rows / static_cast<double>(cfg.num_experts) * *cfg.capacity_factor));
@@ -119,8 +121,9 @@ MoeConfig moe_config_from(const config::ModelConfig& m) {
     if (!config::is_moe(m)) {
         bad("model.num_moe_experts is null or 0: this is a dense model, it has no MoE layer");
     }
-    if (m.fp16)
+    if (m.fp16) {
         bad("model.fp16=true: fp16 (with loss scaling) is not supported; use model.bf16");
+    }
     MoeConfig c;
     c.hidden_size = m.hidden_size;
     c.num_experts = *m.num_moe_experts;

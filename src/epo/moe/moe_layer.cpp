@@ -37,8 +37,9 @@ std::int64_t row_bound(const MoeConfig& cfg, std::int64_t t_count) {
 
 Tensor alloc_rows(Arena& arena, std::int64_t bound, std::int64_t rows, std::int64_t width,
                   DType dt) {
-    if (width == 1)
+    if (width == 1) {
         return arena.alloc({bound}, dt).rows(0, rows);
+    }
     return arena.alloc({bound, width}, dt).rows(0, rows);
 }
 
@@ -124,8 +125,9 @@ void init_moe_layer_params(MoeLayerParams& params, std::uint64_t seed, float ini
         fill_normal(p->master, random_bits(seed, stream++), 0.0f, init_std);
         refresh_compute(*p);
     }
-    if (params.router.expert_bias.defined())
+    if (params.router.expert_bias.defined()) {
         params.router.expert_bias.fill_zero();
+    }
 }
 
 std::vector<Param*> moe_layer_param_list(MoeLayerParams& params) {
@@ -198,8 +200,9 @@ void moe_backward_wgrad(const MoeConfig& cfg, MoeLayerParams& params, MoeContext
     const bool fusion = cfg.gradient_accumulation_fusion;
     experts_backward_wgrad(params.experts, fusion, ctx.experts, ctx.arena);
     router_backward_wgrad(cfg, params.router, ctx.router, ctx.arena);
-    if (has_shared(cfg))
+    if (has_shared(cfg)) {
         shared_expert_backward_wgrad(params.shared, fusion, ctx.shared, ctx.arena);
+    }
 }
 
 void moe_backward(const MoeConfig& cfg, MoeLayerParams& params, const Tensor& dy,
@@ -207,8 +210,8 @@ void moe_backward(const MoeConfig& cfg, MoeLayerParams& params, const Tensor& dy
     backward_prologue(cfg, dy, ctx);
     {
         Stopwatch sw(ctx.times.experts_dgrad);
-        experts_backward(params.experts, cfg.gradient_accumulation_fusion, ctx.dy_perm,
-                         ctx.dx_perm, ctx.dprobs_perm, ctx.experts, ctx.arena);
+        experts_backward(params.experts, cfg.gradient_accumulation_fusion, ctx.dy_perm, ctx.dx_perm,
+                         ctx.dprobs_perm, ctx.experts, ctx.arena);
     }
     backward_epilogue(cfg, params, dy, loss_grad_scale, ctx, dx, &params);
 }

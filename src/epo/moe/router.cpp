@@ -16,24 +16,28 @@ constexpr float kSigmoidNormEps = 1e-20f;  // as the reference: p / (sum p + 1e-
 // s = softmax(l) over n values in f32: max, exp(l - max), sequential sum, divide.
 void softmax_row(const float* l, std::int64_t n, float* s) {
     float m = l[0];
-    for (std::int64_t e = 1; e < n; ++e)
+    for (std::int64_t e = 1; e < n; ++e) {
         m = std::max(m, l[e]);
+    }
     float sum = 0.0f;
     for (std::int64_t e = 0; e < n; ++e) {
         s[e] = std::exp(l[e] - m);
         sum += s[e];
     }
-    for (std::int64_t e = 0; e < n; ++e)
+    for (std::int64_t e = 0; e < n; ++e) {
         s[e] /= sum;
+    }
 }
 
 float logsumexp_row(const float* l, std::int64_t n) {
     float m = l[0];
-    for (std::int64_t e = 1; e < n; ++e)
+    for (std::int64_t e = 1; e < n; ++e) {
         m = std::max(m, l[e]);
+    }
     float sum = 0.0f;
-    for (std::int64_t e = 0; e < n; ++e)
+    for (std::int64_t e = 0; e < n; ++e) {
         sum += std::exp(l[e] - m);
+    }
     return m + std::log(sum);
 }
 
@@ -50,8 +54,9 @@ void group_topk_indices(const MoeConfig& cfg, const float* sel, float* masked, f
     for (std::int64_t g = 0; g < g_count; ++g) {
         topk_indices(sel + g * g_size, g_size, per_group, best);
         float s = 0.0f;
-        for (std::int64_t j = 0; j < per_group; ++j)
+        for (std::int64_t j = 0; j < per_group; ++j) {
             s += sel[g * g_size + best[j]];
+        }
         group_score[g] = s;
     }
     topk_indices(group_score, g_count, cfg.group_topk, group_idx);
@@ -71,10 +76,12 @@ void aux_scores_row(const MoeConfig& cfg, const float* scores, float* s_aux) {
         return;
     }
     float sum = 0.0f;
-    for (std::int64_t e = 0; e < e_count; ++e)
+    for (std::int64_t e = 0; e < e_count; ++e) {
         sum += scores[e];
-    for (std::int64_t e = 0; e < e_count; ++e)
+    }
+    for (std::int64_t e = 0; e < e_count; ++e) {
         s_aux[e] = scores[e] / (sum + kSigmoidNormEps);
+    }
 }
 
 // The weight operand of the router's products.
@@ -89,8 +96,9 @@ void topk_indices(const float* v, std::int64_t n, std::int64_t k, std::int32_t* 
     // (lower-index) one.
     std::int64_t filled = 0;
     for (std::int64_t e = 0; e < n; ++e) {
-        if (filled == k && !(v[e] > v[out[k - 1]]))
+        if (filled == k && !(v[e] > v[out[k - 1]])) {
             continue;
+        }
         std::int64_t pos = std::min(filled, k - 1);
         while (pos > 0 && v[e] > v[out[pos - 1]]) {
             out[pos] = out[pos - 1];
@@ -104,8 +112,9 @@ void topk_indices(const float* v, std::int64_t n, std::int64_t k, std::int32_t* 
 RouterParams make_router_params(const MoeConfig& cfg) {
     RouterParams p;
     p.weight = make_param("router.weight", {cfg.num_experts, cfg.hidden_size}, compute_dtype(cfg));
-    if (cfg.enable_expert_bias)
+    if (cfg.enable_expert_bias) {
         p.expert_bias = Tensor::zeros({cfg.num_experts}, DType::kF32);
+    }
     return p;
 }
 
@@ -133,10 +142,12 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
     out.topk_weight = arena.alloc({t_count, k}, DType::kF32);
     out.routed_counts.assign(static_cast<std::size_t>(e_count), 0);
     const bool aux = has_aux_loss(cfg), z = cfg.z_loss_coeff > 0;
-    if (aux)
+    if (aux) {
         out.aux_counts.assign(static_cast<std::size_t>(num_sequences * e_count), 0);
-    if (z)
+    }
+    if (z) {
         out.lse = arena.alloc({t_count}, DType::kF32);
+    }
 
     kernels::gemm(as_matrix(out.x), as_matrix(weight_operand(cfg, params)), as_matrix(out.logits),
                   {false, /*trans_b=*/true, false, false});
@@ -189,18 +200,22 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
         }
         float* prob = out.topk_prob.data<float>() + t * k;
         if (cfg.score_function == ScoreFunction::kSoftmax && !cfg.pre_softmax) {
-            for (std::int64_t j = 0; j < k; ++j)
+            for (std::int64_t j = 0; j < k; ++j) {
                 masked[j] = l[idx[j]];
+            }
             softmax_row(masked, k, prob);
         } else {
-            for (std::int64_t j = 0; j < k; ++j)
+            for (std::int64_t j = 0; j < k; ++j) {
                 prob[j] = s[idx[j]];
+            }
             if (cfg.score_function == ScoreFunction::kSigmoid && k > 1) {
                 float sum = 0.0f;
-                for (std::int64_t j = 0; j < k; ++j)
+                for (std::int64_t j = 0; j < k; ++j) {
                     sum += prob[j];
-                for (std::int64_t j = 0; j < k; ++j)
+                }
+                for (std::int64_t j = 0; j < k; ++j) {
                     prob[j] /= sum + kSigmoidNormEps;
+                }
             }
         }
         float* weight = out.topk_weight.data<float>() + t * k;
@@ -233,8 +248,9 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
                                           (static_cast<double>(k) * l2) * total /
                                           static_cast<double>(num_sequences));
     }
-    if (z)
+    if (z) {
         out.z_loss = static_cast<float>(cfg.z_loss_coeff * z_sum / static_cast<double>(t_count));
+    }
     return out;
 }
 
@@ -279,27 +295,35 @@ void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, con
         // Routing weights -> logits.
         if (cfg.score_function == ScoreFunction::kSoftmax && !cfg.pre_softmax) {
             float dot = 0.0f;
-            for (std::int64_t j = 0; j < k; ++j)
+            for (std::int64_t j = 0; j < k; ++j) {
                 dot += prob[j] * dw[j];
-            for (std::int64_t j = 0; j < k; ++j)
+            }
+            for (std::int64_t j = 0; j < k; ++j) {
                 dl[idx[j]] += prob[j] * (dw[j] - dot);
+            }
         } else if (cfg.score_function == ScoreFunction::kSoftmax) {
             float dot = 0.0f;
-            for (std::int64_t j = 0; j < k; ++j)
+            for (std::int64_t j = 0; j < k; ++j) {
                 dot += s[idx[j]] * dw[j];
-            for (std::int64_t e = 0; e < e_count; ++e)
+            }
+            for (std::int64_t e = 0; e < e_count; ++e) {
                 dl[e] = -s[e] * dot;
-            for (std::int64_t j = 0; j < k; ++j)
+            }
+            for (std::int64_t j = 0; j < k; ++j) {
                 dl[idx[j]] = s[idx[j]] * (dw[j] - dot);
+            }
         } else {
             if (k > 1) {
                 float sum = 0.0f, dot = 0.0f;
-                for (std::int64_t j = 0; j < k; ++j)
+                for (std::int64_t j = 0; j < k; ++j) {
                     sum += s[idx[j]];
-                for (std::int64_t j = 0; j < k; ++j)
+                }
+                for (std::int64_t j = 0; j < k; ++j) {
                     dot += prob[j] * dw[j];
-                for (std::int64_t j = 0; j < k; ++j)
+                }
+                for (std::int64_t j = 0; j < k; ++j) {
                     dw[j] = (dw[j] - dot) / (sum + kSigmoidNormEps);
+                }
             }
             for (std::int64_t j = 0; j < k; ++j) {
                 const float v = s[idx[j]];
@@ -315,15 +339,18 @@ void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, con
             }
             aux_scores_row(cfg, s, s_aux);
             float dot = 0.0f;
-            for (std::int64_t e = 0; e < e_count; ++e)
+            for (std::int64_t e = 0; e < e_count; ++e) {
                 dot += s_aux[e] * ga[e];
+            }
             if (cfg.score_function == ScoreFunction::kSoftmax) {
-                for (std::int64_t e = 0; e < e_count; ++e)
+                for (std::int64_t e = 0; e < e_count; ++e) {
                     dl[e] += s_aux[e] * (ga[e] - dot);
+                }
             } else {
                 float sum = 0.0f;
-                for (std::int64_t e = 0; e < e_count; ++e)
+                for (std::int64_t e = 0; e < e_count; ++e) {
                     sum += s[e];
+                }
                 for (std::int64_t e = 0; e < e_count; ++e) {
                     dl[e] += (ga[e] - dot) / (sum + kSigmoidNormEps) * (s[e] * (1.0f - s[e]));
                 }
@@ -367,8 +394,9 @@ void update_expert_bias(const Tensor& expert_bias, std::span<const std::int64_t>
     const std::int64_t e_count = expert_bias.numel();
     EPO_CHECK_EQ(static_cast<std::int64_t>(tokens_per_expert.size()), e_count);
     double mean = 0.0;
-    for (std::int64_t c : tokens_per_expert)
+    for (std::int64_t c : tokens_per_expert) {
         mean += static_cast<double>(c);
+    }
     mean /= static_cast<double>(e_count);
     float* b = expert_bias.data<float>();
     for (std::int64_t e = 0; e < e_count; ++e) {

@@ -20,8 +20,9 @@ std::size_t round_up(std::size_t n, std::size_t to) {
 }  // namespace
 
 Arena::Arena(std::string name, std::size_t initial_bytes) : name_(std::move(name)) {
-    if (initial_bytes)
+    if (initial_bytes) {
         add_chunk(initial_bytes);
+    }
 }
 
 Arena::~Arena() {
@@ -83,8 +84,9 @@ Tensor Arena::alloc(const Shape& shape, DType dtype) {
         ++current_;
         offset_ = 0;
     }
-    if (current_ == chunks_.size())
+    if (current_ == chunks_.size()) {
         add_chunk(take);
+    }
     char* p = chunks_[current_].base + offset_;
     offset_ += take;
     high_water_ = std::max(high_water_, bytes_in_use());
@@ -111,8 +113,9 @@ void Arena::reset() {
 }
 
 void Arena::reserve(std::size_t bytes) {
-    if (capacity() - bytes_in_use() >= bytes)
+    if (capacity() - bytes_in_use() >= bytes) {
         return;
+    }
     if (bytes_in_use() == 0) {
         release_all();
         add_chunk(bytes);
@@ -127,8 +130,9 @@ std::size_t Arena::bytes_in_use() const {
 
 std::size_t Arena::capacity() const {
     std::size_t c = 0;
-    for (const Chunk& ch : chunks_)
+    for (const Chunk& ch : chunks_) {
         c += ch.size;
+    }
     return c;
 }
 

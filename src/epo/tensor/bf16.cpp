@@ -17,13 +17,15 @@ namespace epo {
 namespace {
 
 void f32_to_bf16_scalar(const float* src, BF16* dst, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t i = 0; i < n; ++i) {
         dst[i] = float_to_bf16(src[i]);
+    }
 }
 
 void bf16_to_f32_scalar(const BF16* src, float* dst, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t i = 0; i < n; ++i) {
         dst[i] = bf16_to_float(src[i]);
+    }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void f32_to_bf16_avx512(
@@ -49,8 +51,9 @@ round16_bf16(__m512 v) {
         _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
     const __mmask16 subnormal = _mm512_cmplt_epu32_mask(
         _mm512_sub_epi32(abs_bits, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x007fffff));
-    if (subnormal == 0)
+    if (subnormal == 0) {
         return hw;
+    }
     return _mm256_mask_mov_epi16(hw, subnormal, simd::round_to_bf16(v));
 }
 
@@ -82,8 +85,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void bf16_to_f32_a
 }
 
 Bf16Impl resolve(Bf16Impl impl) {
-    if (impl == Bf16Impl::kAuto)
+    if (impl == Bf16Impl::kAuto) {
         return bf16_best_impl();
+    }
     EPO_CHECK(bf16_impl_supported(impl), "bf16 conversion '{}' is not supported by this CPU",
               bf16_impl_name(impl));
     return impl;
@@ -108,10 +112,12 @@ bool bf16_impl_supported(Bf16Impl impl) {
 Bf16Impl bf16_best_impl() {
     // Both AVX-512 versions run at memory speed (bench/bf16_bench.cpp); the BF16-instruction one
     // is preferred where present because it needs fewer instructions per vector.
-    if (bf16_impl_supported(Bf16Impl::kAvx512Bf16))
+    if (bf16_impl_supported(Bf16Impl::kAvx512Bf16)) {
         return Bf16Impl::kAvx512Bf16;
-    if (bf16_impl_supported(Bf16Impl::kAvx512))
+    }
+    if (bf16_impl_supported(Bf16Impl::kAvx512)) {
         return Bf16Impl::kAvx512;
+    }
     return Bf16Impl::kScalar;
 }
 

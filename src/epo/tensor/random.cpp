@@ -16,8 +16,9 @@ void fill(const Tensor& t, Fn value_of) {
     const std::int64_t n = t.numel();
     if (t.dtype() == DType::kF32) {
         float* p = t.data<float>();
-        for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t i = 0; i < n; ++i) {
             p[i] = value_of(static_cast<std::uint64_t>(i));
+        }
     } else if (t.dtype() == DType::kBF16) {
         BF16* p = t.data<BF16>();
         for (std::int64_t i = 0; i < n; ++i) {

@@ -44,17 +44,20 @@ Shape::Shape(std::initializer_list<std::int64_t> d) {
 
 std::int64_t Shape::numel() const {
     std::int64_t n = 1;
-    for (int i = 0; i < rank; ++i)
+    for (int i = 0; i < rank; ++i) {
         n *= dims[static_cast<std::size_t>(i)];
+    }
     return n;
 }
 
 bool Shape::operator==(const Shape& other) const {
-    if (rank != other.rank)
+    if (rank != other.rank) {
         return false;
+    }
     for (int i = 0; i < rank; ++i) {
-        if ((*this)[i] != other[i])
+        if ((*this)[i] != other[i]) {
             return false;
+        }
     }
     return true;
 }
@@ -62,8 +65,9 @@ bool Shape::operator==(const Shape& other) const {
 std::string Shape::str() const {
     std::string s = "[";
     for (int i = 0; i < rank; ++i) {
-        if (i)
+        if (i) {
             s += ", ";
+        }
         s += std::to_string((*this)[i]);
     }
     return s + "]";
@@ -76,11 +80,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
     // Round up to the alignment so aligned_alloc's size rule holds; at least one line so that a
     // zero-element tensor still has a distinct, valid pointer.
     std::size_t bytes = (t.nbytes() + 63) / 64 * 64;
-    if (bytes == 0)
+    if (bytes == 0) {
         bytes = 64;
+    }
     void* p = std::aligned_alloc(64, bytes);
-    if (p == nullptr)
+    if (p == nullptr) {
         throw std::bad_alloc();
+    }
     t.owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
     t.data_ = p;
     return t;
@@ -102,8 +108,9 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype) {
 }
 
 std::int64_t Tensor::dim(int i) const {
-    if (i < 0)
+    if (i < 0) {
         i += shape_.rank;
+    }
     EPO_CHECK(i >= 0 && i < shape_.rank, "dimension {} of a rank-{} tensor", i, shape_.rank);
     return shape_[i];
 }
@@ -111,8 +118,9 @@ std::int64_t Tensor::dim(int i) const {
 std::int64_t Tensor::row_size() const {
     EPO_CHECK(shape_.rank >= 1, "row_size of a scalar tensor");
     std::int64_t n = 1;
-    for (int i = 1; i < shape_.rank; ++i)
+    for (int i = 1; i < shape_.rank; ++i) {
         n *= shape_[i];
+    }
     return n;
 }
 
@@ -136,21 +144,24 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::clone() const {
     Tensor t = empty(shape_, dtype_);
-    if (nbytes())
+    if (nbytes()) {
         std::memcpy(t.data_, data_, nbytes());
+    }
     return t;
 }
 
 void Tensor::copy_from(const Tensor& src) const {
     EPO_CHECK(src.dtype_ == dtype_ && src.numel() == numel(), "copy {} {} into {} {}",
               dtype_name(src.dtype_), src.shape_.str(), dtype_name(dtype_), shape_.str());
-    if (nbytes())
+    if (nbytes()) {
         std::memmove(data_, src.data_, nbytes());
+    }
 }
 
 void Tensor::fill_zero() const {
-    if (nbytes())
+    if (nbytes()) {
         std::memset(data_, 0, nbytes());
+    }
 }
 
 void Tensor::check_dtype(DType want) const {
