@@ -11,6 +11,7 @@ packages=(
   libdnnl-dev                         # oneDNN: bf16/fp32 GEMM
   libyaml-cpp-dev nlohmann-json3-dev  # configs in, reports and metadata out
   libcli11-dev libspdlog-dev libfmt-dev
+  libssl-dev                          # SHA-256 checksums of checkpoint files
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy
 )

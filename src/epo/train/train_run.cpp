@@ -7,9 +7,13 @@
 #include <ctime>
 #include <ostream>
 
+#include "epo/checkpoint/checkpoint.h"
+#include "epo/checkpoint/rank_agreement.h"
+#include "epo/checkpoint/stop_signal.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/config/validate.h"
 #include "epo/config/yaml_io.h"
+#include "epo/train/nonfinite.h"
 #include "epo/train/train_log.h"
 
 namespace epo::train {
@@ -40,13 +44,54 @@ std::filesystem::path agree_on_run_dir(const TrainRunOptions& options, const con
     return path;
 }
 
-void check_finite(const StepResult& r) {
-    if (!std::isfinite(r.lm_loss) || !std::isfinite(r.grad_norm)) {
-        throw Error(ErrorKind::kNumerics,
-                    fmt::format("iteration {}: lm loss {} / grad norm {} is not finite; lower "
-                                "optimizer.lr or raise optimizer.clip_grad's strictness",
-                                r.step, r.lm_loss, r.grad_norm));
+// The loss and the grad norm are reduced over the ranks, so every rank takes the same branch.
+void check_finite(const StepResult& r, comm::Communicator& control) {
+    if (std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm))
+        return;
+    throw nonfinite_step_error(r.step, r.lm_loss, r.grad_norm,
+                               checkpoint::all_gather_strings(control, r.first_nonfinite_grad));
+}
+
+// checkpoint.load: rank 0 picks the latest complete checkpoint, every rank loads it.
+void resume(Trainer& trainer, const config::Config& cfg, comm::Communicator& control,
+            std::ostream& log) {
+    const int rank = control.rank();
+    std::string found;
+    if (rank == 0) {
+        if (auto dir = checkpoint::find_latest_checkpoint(*cfg.checkpoint.load))
+            found = dir->string();
     }
+    found = checkpoint::broadcast_string(control, found, 0);
+    if (found.empty()) {
+        if (rank == 0)
+            log << fmt::format("no checkpoint in '{}' (checkpoint.load): starting from iteration 0",
+                               *cfg.checkpoint.load)
+                << std::endl;
+        return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    trainer.load_checkpoint(found, control);
+    if (rank == 0) {
+        log << fmt::format(
+                   "successfully loaded checkpoint from {} at iteration {} [ {:.2f} s ]", found,
+                   trainer.steps_done(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count())
+            << std::endl;
+    }
+}
+
+std::filesystem::path save(const Trainer& trainer, const config::Config& cfg,
+                           comm::Communicator& control, std::ostream& log) {
+    const auto start = std::chrono::steady_clock::now();
+    std::filesystem::path dir = trainer.save_checkpoint(*cfg.checkpoint.save, control);
+    if (control.rank() == 0) {
+        log << fmt::format(
+                   "successfully saved checkpoint from iteration {} to {} [ {:.2f} s ]",
+                   trainer.steps_done(), dir.string(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count())
+            << std::endl;
+    }
+    return dir;
 }
 
 }  // namespace
@@ -89,13 +134,26 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
         log << config::format_run_log(report) << std::flush;
     }
 
-    Trainer trainer(report.config, TrainerOptions{.keep_records = options.keep_records});
     const config::Config& cfg = report.config;
+    // Before anything slow, so that a signal during start-up is a stop request too.
+    checkpoint::StopSignals stop_signals(rank, comm::current_world_size());
+    comm::Communicator control = checkpoint::make_control_communicator(
+        comm::ParallelLayout{.world_size = comm::current_world_size(),
+                             .expert_model_parallel_size = cfg.model.expert_model_parallel_size,
+                             .gpus_per_node = cfg.comm.gpus_per_node},
+        cfg.comm.timeout_s);
+    Trainer trainer(report.config, TrainerOptions{.keep_records = options.keep_records});
+    if (cfg.checkpoint.load)
+        resume(trainer, cfg, control, log);
+    result.first_iteration = trainer.steps_done() + 1;
     const int64_t iters = cfg.train.train_iters;
     const int64_t gbs = config::global_batch_size(cfg);
-    for (int64_t i = 0; i < iters; ++i) {
+    const int interval = cfg.checkpoint.save_interval.value_or(0);
+    for (int64_t i = trainer.steps_done(); i < iters; ++i) {
+        if (options.before_step)
+            options.before_step(trainer);
         StepResult r = trainer.step();
-        check_finite(r);
+        check_finite(r, control);
         if (rank == 0 &&
             (r.step == 1 || r.step % std::max(1, cfg.train.log_interval) == 0 || r.step == iters)) {
             const double tflops =
@@ -116,6 +174,28 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
         if (options.on_step)
             options.on_step(trainer, r);
         result.steps.push_back(std::move(r));
+
+        // Every rank learns at the same step boundary whether any rank was asked to stop.
+        const checkpoint::StopRequest stop =
+            checkpoint::agree_on_stop(control, stop_signals.pending());
+        const int64_t done = trainer.steps_done();
+        if (cfg.checkpoint.save &&
+            (stop.requested() || done == iters || (interval > 0 && done % interval == 0))) {
+            result.last_checkpoint = save(trainer, cfg, control, log);
+        }
+        if (stop.requested()) {
+            result.stopped_by_signal = true;
+            if (rank == 0) {
+                log << fmt::format(
+                           "exiting at iteration {}: rank {} received {}; {}", done, stop.rank,
+                           checkpoint::signal_name(stop.signal),
+                           cfg.checkpoint.save
+                               ? fmt::format("resume with checkpoint.load={}", *cfg.checkpoint.save)
+                               : std::string("nothing saved (checkpoint.save is not set)"))
+                    << std::endl;
+            }
+            break;
+        }
     }
     return result;
 }

@@ -4,6 +4,12 @@
 // does not execute (runtime-support ids) before any rank works, logs the finalized configuration
 // (rank 0) and writes it to the run directory, then trains and logs every log_interval steps in
 // the reference format (train_log.h).
+//
+// Runs that lose nothing (docs/checkpoint.md): with checkpoint.load it resumes from the latest
+// complete checkpoint there; with checkpoint.save it saves every checkpoint.save_interval steps
+// and at the end; SIGTERM/SIGINT on any rank makes every rank stop after the current step, save
+// and return normally (a second signal exits at once); a NaN/Inf loss or gradient norm stops the
+// run with an error naming the step and the parameter.
 #pragma once
 
 #include <filesystem>
@@ -24,12 +30,20 @@ struct TrainRunOptions {
     bool keep_records = false;                     // StepResult::records (traces)
     // Called on every rank after each step (progress, traces, tests).
     std::function<void(const Trainer&, const StepResult&)> on_step;
+    // Called on every rank before each step: the fault-injection hook of tests (e.g. a NaN put
+    // into a gradient).
+    std::function<void(Trainer&)> before_step;
 };
 
 struct TrainRunResult {
     config::Config config;  // finalized
     std::filesystem::path run_dir;
-    std::vector<StepResult> steps;
+    std::vector<StepResult> steps;  // the steps this call ran (after the resumed iteration)
+    int64_t first_iteration = 1;    // iteration of steps[0]: 1, or the resumed iteration + 1
+    // The run stopped early because a rank received SIGTERM/SIGINT (after saving, when
+    // checkpoint.save is set).
+    bool stopped_by_signal = false;
+    std::optional<std::filesystem::path> last_checkpoint;  // the last one this call saved
 };
 
 // The finalized, runtime-valid configuration for a job of `world_size` ranks, or an epo::Error

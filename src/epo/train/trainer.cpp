@@ -5,6 +5,7 @@
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/schedule/executor.h"
+#include "epo/train/nonfinite.h"
 
 namespace epo::train {
 namespace {
@@ -57,11 +58,6 @@ LrDecayStyle lr_style(config::LrDecayStyle s) {
 }
 
 }  // namespace
-
-struct Trainer::OptimizerState {
-    std::vector<Param*> params;
-    std::vector<std::vector<float>> exp_avg, exp_avg_sq;
-};
 
 Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
     world_rank_ = comm::current_world_rank();
@@ -229,6 +225,8 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     if (groups.ep.size() > 1)
         expert_sq = group_sum(groups.ep, expert_sq);
     result.grad_norm = std::sqrt(dense_sq + expert_sq);
+    if (!std::isfinite(result.grad_norm))
+        result.first_nonfinite_grad = first_nonfinite_grad(optimizer_->params);
 
     const double clip = clip_coefficient(result.grad_norm, clip_grad_);
     result.learning_rate = learning_rate_at(lr_, steps_done_ + 1);

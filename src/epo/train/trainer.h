@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "epo/config/config.h"
@@ -37,6 +39,9 @@ struct StepResult {
     double exposed_comm_s = 0;  // time the compute stream waited for the comm stream
     int64_t peak_activation_bytes = 0;
     std::vector<runtime::TaskRecord> records;  // both streams' tasks and waits (this rank)
+    // When grad_norm is not finite: this rank's first parameter whose gradient holds a NaN or an
+    // Inf ("" when none does), found before the gradients are cleared.
+    std::string first_nonfinite_grad;
 };
 
 struct TrainerOptions {
@@ -66,8 +71,23 @@ public:
     // The node calls one step issues (for traces and the critical-path bound).
     const std::vector<schedule::NodeCall>& schedule_calls() const { return calls_; }
 
+    // Checkpoints (trainer_state.cpp, format in checkpoint/checkpoint.h). Both are collective
+    // over `world` (every rank, between steps, on the thread that calls step()).
+    // Saves fp32 masters, Adam moments, expert biases, the step and the data position to
+    // <save_dir>/iter_<steps_done()>, and returns that directory.
+    std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
+                                          comm::Communicator& world) const;
+    // Restores a state saved by save_checkpoint() (`checkpoint_dir` is one iter_* directory), so
+    // that the following steps are bit-identical to those of the run that saved it. Refuses, on
+    // every rank and before changing anything, a checkpoint of another layout or configuration
+    // and a missing, truncated or corrupt file.
+    void load_checkpoint(const std::filesystem::path& checkpoint_dir, comm::Communicator& world);
+
 private:
-    struct OptimizerState;
+    struct OptimizerState {
+        std::vector<Param*> params;
+        std::vector<std::vector<float>> exp_avg, exp_avg_sq;  // [param](numel) Adam m and v
+    };
     void finish_step(runtime::StreamContext& ctx, StepResult& result);
 
     config::Config cfg_;
