@@ -124,8 +124,8 @@ TEST(JobControl, SigtermToOneRankSavesOnEveryRankExitsZeroAndResumes) {
     const std::string tag = "sigterm" + std::to_string(getpid());
     // Saves every step, so the first checkpoint appearing means the ranks are in the loop.
     Job job(tag, small_train_args(dir, {"train.train_iters=100000", "checkpoint.save_interval=1"}),
-            180);
-    ASSERT_TRUE(wait_for(dir / "ckpt" / "iter_0000001" / "metadata.json", 120));
+            400);
+    ASSERT_TRUE(wait_for(dir / "ckpt" / "iter_0000001" / "metadata.json", 300));
     const std::map<int, pid_t> ranks = job.ranks();
     ASSERT_EQ(ranks.size(), 2u);
     ASSERT_EQ(kill(ranks.at(1), SIGTERM), 0);
@@ -151,7 +151,7 @@ TEST(JobControl, SigtermToOneRankSavesOnEveryRankExitsZeroAndResumes) {
     Job resumed(tag + "r",
                 small_train_args(dir, {"train.train_iters=" + std::to_string(stopped_at + 1),
                                        "checkpoint.load=" + (dir / "ckpt").string()}),
-                180);
+                400);
     const comm::LaunchResult r2 = resumed.wait();
     EXPECT_EQ(r2.exit_status, 0) << r2.stdout_text << r2.stderr_text;
     EXPECT_NE(r2.stdout_text.find(fmt::format("successfully loaded checkpoint from {} at "
@@ -172,8 +172,8 @@ TEST(JobControl, KilledRankEndsTheJobInBoundedTimeNamingIt) {
     Job job(tag,
             small_train_args(dir, {"train.train_iters=100000", "checkpoint.save_interval=1",
                                    "comm.timeout_s=5"}),
-            180);
-    ASSERT_TRUE(wait_for(dir / "ckpt" / "iter_0000001" / "metadata.json", 120));
+            400);
+    ASSERT_TRUE(wait_for(dir / "ckpt" / "iter_0000001" / "metadata.json", 300));
     const std::map<int, pid_t> ranks = job.ranks();
     ASSERT_EQ(ranks.size(), 2u);
     const auto killed_at = Clock::now();
