@@ -96,7 +96,8 @@ BENCHMARK(BM_AllToAllVsRawMpi)
     ->Unit(benchmark::kMillisecond);
 
 // Link model: B_inter = 8 Gbit/s (1e9 bytes/s), latency 50 us, one rank per node (every byte is
-// inter-node). Per-peer size chosen so the model says `range(0)` ms.
+// inter-node). Per-peer size chosen so the model says `range(0)` ms. Counters: see
+// ModelAccuracy (mpi_benchmark_main.h).
 void BM_LinkModelAccuracy(benchmark::State& state) {
     const int n = size_();
     epo::comm::CommOptions options;
@@ -107,7 +108,7 @@ void BM_LinkModelAccuracy(benchmark::State& state) {
     const auto layout = AllToAllLayout::packed(std::vector<int64_t>(n, per_peer),
                                                std::vector<int64_t>(n, per_peer));
     std::vector<char> send(layout.send_extent(), 1), recv(layout.recv_extent());
-    std::vector<double> ratio;
+    epo::bench::ModelAccuracy accuracy;
     double modelled = 0;
     for (auto _ : state) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -116,13 +117,10 @@ void BM_LinkModelAccuracy(benchmark::State& state) {
         const double t = epo::comm::seconds_between(t0, Clock::now());
         state.SetIterationTime(t);
         modelled = s.modelled_s;
-        ratio.push_back(t / s.modelled_s);
+        accuracy.add(t, s);
     }
-    std::sort(ratio.begin(), ratio.end());
     state.counters["model_ms"] = modelled * 1e3;
-    state.counters["measured_over_model_median"] = median(ratio);
-    state.counters["measured_over_model_min"] = ratio.front();
-    state.counters["measured_over_model_max"] = ratio.back();
+    accuracy.report(state);
 }
 BENCHMARK(BM_LinkModelAccuracy)
     ->Arg(5)

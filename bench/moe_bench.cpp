@@ -1,24 +1,28 @@
 // MoE performance on qwen3-30b-a3b shapes (hidden 2048, expert FFN 768), bf16, one thread
 // (run with OMP_NUM_THREADS=1).
 //
-//   BM_ExpertFfn/<rows per expert>/<impl>   8 local experts, forward + backward (dgrad + wgrad)
-//     impl 0: epo experts (experts_forward + experts_backward, gradient-accumulation fusion)
-//     impl 1: the same 6 GEMMs per expert issued directly to oneDNN (exact-shape primitives
-//             created outside the timed loop, plain weights) - no activation, no bookkeeping
-//     impl 2: epo experts with plain (unpacked) weights
+//   BM_ExpertFfn/<rows per expert>   8 local experts, forward + backward (dgrad + wgrad); every
+//     iteration runs, one after the other:
+//       epo experts (experts_forward + experts_backward, gradient-accumulation fusion, packed
+//         weights, row tiles) - the reported time;
+//       the same 6 GEMMs per expert issued directly to oneDNN (exact-shape primitives created
+//         outside the timed loop, plain weights) - no activation, no bookkeeping;
+//       epo experts with plain (unpacked) weights.
+//     Counters: GFLOP/s of each from the median time, epo_over_direct = direct time / epo time.
 //   BM_MoeLayer/<tokens>/<fresh routing>   the whole layer, 8 experts, top-2, forward + backward
 //     fresh routing 1: new router weights every iteration, so the rows per expert change
 //   Counters: GFLOP/s (model FLOPs: 18 * rows * H * F per expert pass, = 3 * T * K * 6 * H * F
 //   for the layer, router not counted), minor page faults and new oneDNN primitives per
-//   iteration (after kWarmupSteps warm-up iterations), and for the layer the share of its time
-//   spent in router + dispatch + permutation + unpermutation.
+//   iteration (after the warm-up iterations), and for the layer the share of its time spent in
+//   router + dispatch + permutation + unpermutation.
 //
-// Run: OMP_NUM_THREADS=1 build/release/bench/moe_bench --benchmark_repetitions=5
-//        --benchmark_report_aggregates_only=true
+// Run: OMP_NUM_THREADS=1 scripts/guarded.sh build/release/bench/moe_bench
+// The layer against PyTorch on the same shapes: scripts/bench_moe_vs_pytorch.sh
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
-#include <functional>
+#include <algorithm>
+#include <chrono>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
@@ -36,6 +40,10 @@ constexpr std::int64_t kHidden = 2048, kFfn = 768, kExperts = 8;
 // Steps before measuring: the first steps create primitives and settle the allocators (the
 // process takes a few dozen page faults in steps 2-5, none after).
 constexpr int kWarmupSteps = 5;
+// With fresh routing every step, the weight-gradient products meet a new padded row count (a
+// new primitive, and page faults for its code) until the range the routing produces has been
+// seen: a few dozen steps for the benchmark's random router weights.
+constexpr int kFreshRoutingWarmupSteps = 30;
 
 long minor_faults() {
     rusage u;
@@ -101,16 +109,25 @@ char* rows_at(const Tensor& t, std::int64_t row) {
     return static_cast<char*>(t.raw()) + row * t.row_size() * epo::dtype_size(t.dtype());
 }
 
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The three implementations run alternately inside every iteration, so a change in the
+// machine's load hits them alike; the ratios compare medians of the same iterations.
 void BM_ExpertFfn(benchmark::State& state) {
     const std::int64_t rows = state.range(0);
-    const int impl = static_cast<int>(state.range(1));
     const std::int64_t total = rows * kExperts;
     moe::ExpertWeights w = moe::make_expert_weights(kExperts, kHidden, kFfn, DType::kBF16);
     epo::fill_uniform(w.fc1.master, 1, -0.03f, 0.03f);
     epo::fill_uniform(w.fc2.master, 2, -0.03f, 0.03f);
     epo::refresh_compute(w.fc1);
     epo::refresh_compute(w.fc2);
-    w.use_packed = impl != 2;
     Tensor x = random_bf16({total, kHidden}, 3), dy = random_bf16({total, kHidden}, 4);
     Tensor y = Tensor::empty({total, kHidden}, DType::kBF16);
     Tensor dx = Tensor::empty({total, kHidden}, DType::kBF16);
@@ -120,60 +137,68 @@ void BM_ExpertFfn(benchmark::State& state) {
     const std::vector<std::int64_t> counts(kExperts, rows);
     const moe::ExpertSegments seg = moe::make_expert_segments(counts, moe::kExpertRowAlign);
 
-    std::function<void()> step;
     moe::ExpertsContext ctx;
     epo::Arena arena("bench");
+    auto epo_step = [&](bool packed) {
+        w.use_packed = packed;
+        arena.reset();
+        moe::experts_forward(w, seg, x, probs, y, ctx, arena);
+        moe::experts_backward(w, /*fusion=*/true, dy, dx, dprobs, ctx, arena);
+    };
+
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream strm(eng);
-    Tensor h, a, da, dh;
-    std::vector<DirectGemm> g;
-    if (impl == 1) {
-        h = random_bf16({rows, 2 * kFfn}, 6);
-        a = random_bf16({rows, kFfn}, 7);
-        da = random_bf16({rows, kFfn}, 8);
-        dh = random_bf16({rows, 2 * kFfn}, 9);
-        g = {
-            make_direct(eng, rows, kHidden, 2 * kFfn, false, true, dt::bf16, false),   // h = x W1^T
-            make_direct(eng, rows, kFfn, kHidden, false, true, dt::bf16, false),       // y = a W2^T
-            make_direct(eng, rows, kHidden, kFfn, false, false, dt::bf16, false),      // da = dy W2
-            make_direct(eng, rows, 2 * kFfn, kHidden, false, false, dt::bf16, false),  // dx = dh W1
-            make_direct(eng, kHidden, rows, kFfn, true, false, dt::f32, true),  // dW2 += dy^T a
-            make_direct(eng, 2 * kFfn, rows, kHidden, true, false, dt::f32,
-                        true)};  // dW1 += dh^T x
-        step = [&] {
-            for (std::int64_t e = 0; e < kExperts; ++e) {
-                const std::int64_t r0 = e * rows;
-                char* w1 = static_cast<char*>(w.fc1.compute.raw()) + e * 2 * kFfn * kHidden * 2;
-                char* w2 = static_cast<char*>(w.fc2.compute.raw()) + e * kHidden * kFfn * 2;
-                float* g1 = w.fc1.main_grad.data<float>() + e * 2 * kFfn * kHidden;
-                float* g2 = w.fc2.main_grad.data<float>() + e * kHidden * kFfn;
-                run_direct(g[0], eng, strm, rows_at(x, r0), w1, h.raw());
-                run_direct(g[1], eng, strm, a.raw(), w2, rows_at(y, r0));
-                run_direct(g[2], eng, strm, rows_at(dy, r0), w2, da.raw());
-                run_direct(g[3], eng, strm, dh.raw(), w1, rows_at(dx, r0));
-                run_direct(g[4], eng, strm, rows_at(dy, r0), a.raw(), g2);
-                run_direct(g[5], eng, strm, dh.raw(), rows_at(x, r0), g1);
-            }
-        };
-    } else {
-        step = [&] {
-            arena.reset();
-            moe::experts_forward(w, seg, x, probs, y, ctx, arena);
-            moe::experts_backward(w, /*fusion=*/true, dy, dx, dprobs, ctx, arena);
-        };
-    }
+    Tensor h = random_bf16({rows, 2 * kFfn}, 6), a = random_bf16({rows, kFfn}, 7);
+    Tensor da = random_bf16({rows, kFfn}, 8), dh = random_bf16({rows, 2 * kFfn}, 9);
+    const std::vector<DirectGemm> g = {
+        make_direct(eng, rows, kHidden, 2 * kFfn, false, true, dt::bf16, false),   // h = x W1^T
+        make_direct(eng, rows, kFfn, kHidden, false, true, dt::bf16, false),       // y = a W2^T
+        make_direct(eng, rows, kHidden, kFfn, false, false, dt::bf16, false),      // da = dy W2
+        make_direct(eng, rows, 2 * kFfn, kHidden, false, false, dt::bf16, false),  // dx = dh W1
+        make_direct(eng, kHidden, rows, kFfn, true, false, dt::f32, true),         // dW2 += dy^T a
+        make_direct(eng, 2 * kFfn, rows, kHidden, true, false, dt::f32, true)};    // dW1 += dh^T x
+    auto direct_step = [&] {
+        for (std::int64_t e = 0; e < kExperts; ++e) {
+            const std::int64_t r0 = e * rows;
+            char* w1 = static_cast<char*>(w.fc1.compute.raw()) + e * 2 * kFfn * kHidden * 2;
+            char* w2 = static_cast<char*>(w.fc2.compute.raw()) + e * kHidden * kFfn * 2;
+            float* g1 = w.fc1.main_grad.data<float>() + e * 2 * kFfn * kHidden;
+            float* g2 = w.fc2.main_grad.data<float>() + e * kHidden * kFfn;
+            run_direct(g[0], eng, strm, rows_at(x, r0), w1, h.raw());
+            run_direct(g[1], eng, strm, a.raw(), w2, rows_at(y, r0));
+            run_direct(g[2], eng, strm, rows_at(dy, r0), w2, da.raw());
+            run_direct(g[3], eng, strm, dh.raw(), w1, rows_at(dx, r0));
+            run_direct(g[4], eng, strm, rows_at(dy, r0), a.raw(), g2);
+            run_direct(g[5], eng, strm, dh.raw(), rows_at(x, r0), g1);
+        }
+    };
+
     for (int i = 0; i < kWarmupSteps; ++i) {
-        step();
+        epo_step(true);
+        epo_step(false);
+        direct_step();
     }
     SteadyState steady;
+    std::vector<double> t_epo, t_direct, t_unpacked;
     for (auto _ : state) {
-        step();
+        auto t0 = std::chrono::steady_clock::now();
+        epo_step(true);
+        t_epo.push_back(seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        direct_step();
+        t_direct.push_back(seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        epo_step(false);
+        t_unpacked.push_back(seconds_since(t0));
+        state.SetIterationTime(t_epo.back());
     }
     steady.report(state);
-    state.SetLabel(impl == 0 ? "epo experts" : impl == 1 ? "direct oneDNN GEMMs" : "epo, unpacked");
-    state.counters["GFLOP/s"] =
-        benchmark::Counter(18.0 * static_cast<double>(total) * kHidden * kFfn * 1e-9,
-                           benchmark::Counter::kIsIterationInvariantRate);
+    const double gflop = 18.0 * static_cast<double>(total) * kHidden * kFfn * 1e-9;
+    state.counters["epo_GFLOPs"] = gflop / median(t_epo);
+    state.counters["direct_GFLOPs"] = gflop / median(t_direct);
+    state.counters["unpacked_GFLOPs"] = gflop / median(t_unpacked);
+    state.counters["epo_over_direct"] = median(t_direct) / median(t_epo);
+    state.counters["unpacked_over_direct"] = median(t_direct) / median(t_unpacked);
 }
 
 void BM_MoeLayer(benchmark::State& state) {
@@ -203,7 +228,7 @@ void BM_MoeLayer(benchmark::State& state) {
         moe::moe_forward(cfg, params, x, 1, ctx, y);
         moe::moe_backward(cfg, params, dy, 1.0f, ctx, dx);
     };
-    for (int i = 0; i < kWarmupSteps; ++i) {
+    for (int i = 0; i < (fresh_routing ? kFreshRoutingWarmupSteps : kWarmupSteps); ++i) {
         if (fresh_routing) {
             reroute();
         }
@@ -241,17 +266,11 @@ void BM_MoeLayer(benchmark::State& state) {
                            benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Implementations interleaved per size, so a change in the machine's load hits them alike.
-BENCHMARK(BM_ExpertFfn)
-    ->Apply([](benchmark::internal::Benchmark* b) {
-        for (int rows : {512, 1024, 2048, 4096}) {
-            for (int impl : {0, 1, 2}) {
-                b->Args({rows, impl});
-            }
-        }
-    })
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(1.0);
+// Iterations per size: a few seconds each (three implementations per iteration).
+BENCHMARK(BM_ExpertFfn)->Arg(512)->Iterations(12)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ExpertFfn)->Arg(1024)->Iterations(8)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ExpertFfn)->Arg(2048)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ExpertFfn)->Arg(4096)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MoeLayer)
     ->Args({2048, 0})
     ->Args({4096, 0})

@@ -144,7 +144,7 @@ BENCHMARK(BM_DispatchCombineVsRawMpi)
 // Link model on: 8 Gbit/s between nodes (1e9 bytes/s), 20 us latency, one rank per node. The
 // dispatcher's layouts for rows there and back (the weights' all-to-all is tiny), each
 // all-to-all's measured time (entry to return) against its own modelled time; only those
-// modelled at 5 ms or more count.
+// modelled at 5 ms or more count. Counters: see ModelAccuracy (mpi_benchmark_main.h).
 void BM_DispatchLinkModel(benchmark::State& state) {
     const int n = epo::comm::current_world_size(), me = epo::comm::current_world_rank();
     const std::int64_t tokens = state.range(0);
@@ -155,7 +155,7 @@ void BM_DispatchLinkModel(benchmark::State& state) {
     Arena arena;
     TokenDispatch d;
     alltoall::dispatch_preprocess(s.cfg, groups->ep, s.routing, d, arena);
-    std::vector<double> ratio;
+    epo::bench::ModelAccuracy accuracy;
     double modelled = 0;
     for (auto _ : state) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -172,18 +172,13 @@ void BM_DispatchLinkModel(benchmark::State& state) {
         const auto t3 = Clock::now();
         for (auto [op, from, to] : {std::tuple{fwd, t0, t1}, std::tuple{back, t2, t3}}) {
             if (op.modelled_s >= 5e-3)
-                ratio.push_back(epo::comm::seconds_between(from, to) / op.modelled_s);
+                accuracy.add(epo::comm::seconds_between(from, to), op);
         }
         modelled = fwd.modelled_s;
         state.SetIterationTime(epo::comm::seconds_between(t0, t3));
     }
-    if (!ratio.empty()) {
-        std::sort(ratio.begin(), ratio.end());
-        state.counters["rows_model_ms"] = modelled * 1e3;
-        state.counters["measured_over_model_median"] = ratio[ratio.size() / 2];
-        state.counters["measured_over_model_min"] = ratio.front();
-        state.counters["measured_over_model_max"] = ratio.back();
-    }
+    state.counters["rows_model_ms"] = modelled * 1e3;
+    accuracy.report(state);
 }
 BENCHMARK(BM_DispatchLinkModel)
     ->Arg(2048)

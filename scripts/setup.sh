@@ -3,6 +3,8 @@
 # packages are present it only checks (well under a second) and installs nothing.
 # `scripts/setup.sh mpich` also installs MPICH next to Open MPI, for the `mpich` CMake preset
 # (Open MPI keeps the higher Debian alternatives priority, so `mpirun`/`mpicc` stay Open MPI).
+# `scripts/setup.sh peers` also installs PyTorch (python3-torch), the peer that
+# scripts/bench_moe_vs_pytorch.sh times the MoE layer against (not needed to build or test).
 set -euo pipefail
 
 packages=(
@@ -17,6 +19,9 @@ packages=(
 )
 if [[ "${1:-}" == mpich ]]; then
   packages+=(libmpich-dev mpich)
+fi
+if [[ "${1:-}" == peers ]]; then
+  packages+=(python3-torch)
 fi
 
 missing=()
