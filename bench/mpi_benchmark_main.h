@@ -22,8 +22,9 @@ namespace epo::bench {
 class ModelAccuracy {
 public:
     void add(double measured_s, const comm::OpStats& op) {
-        if (op.modelled_s <= 0)
+        if (op.modelled_s <= 0) {
             return;
+        }
         from_entry_.push_back(measured_s / op.modelled_s);
         from_last_.push_back((measured_s - op.arrival_wait_s) / op.modelled_s);
     }
@@ -34,8 +35,9 @@ public:
 
 private:
     static void put(benchmark::State& state, const std::string& name, std::vector<double> v) {
-        if (v.empty())
+        if (v.empty()) {
             return;
+        }
         std::sort(v.begin(), v.end());
         const auto within =
             std::count_if(v.begin(), v.end(), [](double r) { return r >= 0.9 && r <= 1.1; });
