@@ -2,8 +2,11 @@
 // communicators, sharing one watchdog. A failure on either ends the whole job with this rank's
 // number and the message (comm::abort_job), since peers may be blocked waiting for this rank.
 //
-// Creating them is collective over MPI_COMM_WORLD: call it at start-up, on every rank.
+// Creating them is collective over `parent` (the job's ranks, MPI_COMM_WORLD unless a test or a
+// harness runs several jobs side by side): call it at start-up, on every rank of `parent`.
 #pragma once
+
+#include <mpi.h>
 
 #include <memory>
 
@@ -23,6 +26,7 @@ struct RankStreams {
     }
 };
 
-RankStreams make_rank_streams(const comm::ParallelLayout& layout, const comm::CommOptions& options);
+RankStreams make_rank_streams(const comm::ParallelLayout& layout, const comm::CommOptions& options,
+                              MPI_Comm parent = MPI_COMM_WORLD);
 
 }  // namespace epo::runtime

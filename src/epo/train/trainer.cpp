@@ -1,7 +1,12 @@
 #include "epo/train/trainer.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/schedule/executor.h"
@@ -45,6 +50,10 @@ double group_sum(comm::Communicator& c, double local) {
     return s;
 }
 
+bool is_injected_here(const std::optional<InjectedFailure>& f, int rank, int64_t step) {
+    return f && f->rank == rank && f->step == step;
+}
+
 LrDecayStyle lr_style(config::LrDecayStyle s) {
     switch (s) {
         case config::LrDecayStyle::kCosine:
@@ -59,9 +68,34 @@ LrDecayStyle lr_style(config::LrDecayStyle s) {
 
 }  // namespace
 
+std::optional<InjectedFailure> injected_failure_from_env() {
+    const char* value = std::getenv("EPO_INJECT_FAILURE");
+    if (value == nullptr || *value == '\0') {
+        return std::nullopt;
+    }
+    const std::string text = value;
+    const size_t a = text.find(':');
+    const size_t b = a == std::string::npos ? a : text.find(':', a + 1);
+    InjectedFailure f;
+    try {
+        if (b == std::string::npos) {
+            throw std::invalid_argument("fields");
+        }
+        f.rank = std::stoi(text.substr(0, a));
+        f.step = std::stoll(text.substr(a + 1, b - a - 1));
+        f.call = text.substr(b + 1);
+    } catch (const std::exception&) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("EPO_INJECT_FAILURE='{}' is not RANK:STEP:CALL (for example "
+                                "1:2:mb1.layer0.combine.forward); unset it for a normal run",
+                                text));
+    }
+    return f;
+}
+
 Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
-    world_rank_ = comm::current_world_rank();
-    world_size_ = comm::current_world_size();
+    comm::check_mpi(MPI_Comm_rank(options_.comm, &world_rank_), "MPI_Comm_rank");
+    comm::check_mpi(MPI_Comm_size(options_.comm, &world_size_), "MPI_Comm_size");
     ep_size_ = cfg.model.expert_model_parallel_size;
     dp_size_ = world_size_;  // TP = PP = CP = 1 at run time (runtime-support checks)
     num_micro_batches_ = config::num_microbatches(cfg);
@@ -75,7 +109,7 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     comm_options.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
                                         cfg.comm.link.intra_node_gbps.value_or(0.0),
                                         cfg.comm.link.latency_us.value_or(0.0)};
-    streams_ = runtime::make_rank_streams(layout, comm_options);
+    streams_ = runtime::make_rank_streams(layout, comm_options, options_.comm);
 
     const int ep_rank = world_rank_ % ep_size_;
     model_ =
@@ -112,6 +146,16 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     schedule::ScheduleShape sched{static_cast<int>(num_micro_batches_), s.moe_layers,
                                   cfg.model.delay_wgrad_compute};
     calls_ = overlap_ ? schedule::overlap_schedule(sched) : schedule::baseline_schedule(sched);
+    injected_failure_ = injected_failure_from_env();
+    if (injected_failure_ &&
+        std::none_of(calls_.begin(), calls_.end(), [&](const schedule::NodeCall& c) {
+            return schedule::call_name(c) == injected_failure_->call;
+        })) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("EPO_INJECT_FAILURE names call '{}', which this step's schedule "
+                                "does not have (names look like mb0.layer1.dispatch.forward)",
+                                injected_failure_->call));
+    }
 
     int64_t num_moe_layers = 0;
     for (bool m : s.moe_layers)
@@ -159,7 +203,25 @@ StepResult Trainer::step() {
         model_->run(call, ctx.comm().ep, scratch);
     };
     const int64_t start = now_ns();
-    schedule::issue_schedule(calls_, n, streams_, body);
+    if (is_injected_here(injected_failure_, world_rank_, steps_done_ + 1)) {
+        const std::string target = injected_failure_->call;
+        const int64_t step = steps_done_ + 1;
+        schedule::issue_schedule(
+            calls_, n, streams_,
+            [&body, target, step](const schedule::NodeCall& call, runtime::StreamContext& ctx) {
+                if (schedule::call_name(call) == target) {
+                    // What an unexpected failure inside a node looks
+                    // like: not an epo::Error.
+                    throw std::runtime_error(
+                        fmt::format("injected failure (EPO_INJECT_FAILURE) "
+                                    "in {} of step {}",
+                                    target, step));
+                }
+                body(call, ctx);
+            });
+    } else {
+        schedule::issue_schedule(calls_, n, streams_, body);
+    }
     // The optimizer step needs every node of both streams done.
     runtime::Event comm_done("comm done");
     streams_.comm->record(comm_done);

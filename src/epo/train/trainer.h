@@ -9,6 +9,8 @@
 // losses and parameters are bit-identical between them (docs/design.md).
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -46,7 +48,22 @@ struct StepResult {
 
 struct TrainerOptions {
     bool keep_records = false;  // fill StepResult::records (for traces)
+    // The job's ranks: the config's world. A sub-communicator lets one MPI job run several
+    // trainers side by side (tests comparing world sizes, a harness's reference run).
+    MPI_Comm comm = MPI_COMM_WORLD;
 };
+
+// Fault injection for failure tests: the environment variable EPO_INJECT_FAILURE=RANK:STEP:CALL
+// (CALL a schedule::call_name such as "mb1.layer0.combine.forward") makes that node throw on
+// that rank in that step, so tests can check that one failing rank ends the whole job with a
+// message. Unset (the normal case), nothing is checked.
+struct InjectedFailure {
+    int rank = -1;
+    int64_t step = 0;
+    std::string call;
+};
+// The parsed variable, or nullopt when unset. A malformed value is an epo::Error (kUsage).
+std::optional<InjectedFailure> injected_failure_from_env();
 
 class Trainer {
 public:
@@ -111,6 +128,7 @@ private:
     AdamConfig adam_;
     double clip_grad_ = 1.0;
     std::vector<schedule::NodeCall> calls_;
+    std::optional<InjectedFailure> injected_failure_;
 };
 
 }  // namespace epo::train
