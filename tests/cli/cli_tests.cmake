@@ -106,3 +106,4 @@ epo_cli_test(binary_file 2 RUN validate ${_epo_corpus}/bad_binary.yaml)
 epo_cli_test(deep_nesting 2 "nesting too deep" RUN validate ${_epo_corpus}/bad_deep_nesting.yaml)
 epo_cli_test(unknown_device_flex 1 "names no known device" RUN
              validate --model tiny-moe --moe_flex_dispatcher_backend deepep env.gpu=tpu)
+include(${CMAKE_CURRENT_LIST_DIR}/train_cli_tests.cmake)

@@ -29,5 +29,5 @@ epo_train_cli_test(train_rank_failure_ends_job 1
 
 # A malformed injection switch is a usage error before any step.
 epo_train_cli_test(train_bad_injection 2 "EPO_INJECT_FAILURE='oops' is not RANK:STEP:CALL"
-                   NP 1 ENV EPO_INJECT_FAILURE=oops RUN train --model tiny-moe --max_steps 1
+                   NP 1 ENV EPO_INJECT_FAILURE=oops RUN train --model tiny-moe --max_steps 3
                    logger.log_dir=train-cli-runs)

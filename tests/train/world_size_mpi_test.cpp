@@ -18,7 +18,6 @@ namespace epo::train {
 namespace {
 
 std::vector<double> losses_on(int group_size, int steps) {
-    const int world = comm::current_world_size();
     const int rank = comm::current_world_rank();
     MPI_Comm group = MPI_COMM_NULL;
     comm::check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank / group_size, rank, &group),
@@ -28,7 +27,7 @@ std::vector<double> losses_on(int group_size, int steps) {
         "tiny-moe",
         {"model.num_layers=2", "model.hidden_size=64", "model.kv_channels=16",
          "model.ffn_hidden_size=128", "model.moe_ffn_hidden_size=64", "model.seq_length=32",
-         "train.micro_batch_size=1", "train.global_batch_size=" + std::to_string(world * 2),
+         "train.micro_batch_size=1", "train.global_batch_size=8",
          "comm.gpus_per_node=" + n, "model.expert_model_parallel_size=" + n});
     std::vector<double> losses;
     {
@@ -45,11 +44,12 @@ std::vector<double> losses_on(int group_size, int steps) {
 TEST(WorldSize, LossesAgreeAcrossOneTwoAndFourRanks) {
     constexpr int kSteps = 12;
     // Relative tolerance per step: the differences come from summation order only, so they stay
-    // at the level of bf16 rounding noise amplified over a few optimizer steps.
-    constexpr double kRelTol = 2e-2;
+    // at the level of rounding noise amplified over a few optimizer steps (seen: 2e-5 to 5e-5).
+    constexpr double kRelTol = 1e-3;
     const int world = comm::current_world_size();
     const std::vector<double> reference = losses_on(world, kSteps);
-    EXPECT_LT(reference.back(), reference.front() - 0.3) << "the reference run must learn";
+    EXPECT_LT(reference.back(), reference.front() - 0.3)
+        << "the reference run must learn: " << reference.front() << " -> " << reference.back();
     for (int size = world / 2; size >= 1; size /= 2) {
         const std::vector<double> other = losses_on(size, kSteps);
         double worst = 0;

@@ -9,7 +9,8 @@
 // `version`; anything derived from compute (for example oneDNN-packed copies of expert weights)
 // compares the version and rebuilds itself when it is stale.
 //
-// Storage is owned and allocated (and touched) once, when the parameter is made.
+// Storage is owned and allocated once, when the parameter is made (large tensors on huge pages,
+// see Tensor::empty).
 #pragma once
 
 #include <cstdint>

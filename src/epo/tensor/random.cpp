@@ -37,12 +37,28 @@ std::uint64_t random_bits(std::uint64_t seed, std::uint64_t index) {
 
 void fill_normal(const Tensor& t, std::uint64_t seed, float mean, float stddev,
                  std::uint64_t first_index) {
+    // Box-Muller on pairs: global elements 2k and 2k+1 share the draw random_bits(seed, k) and
+    // take its cosine and sine branch, so one logarithm serves two values (initializing a real
+    // model draws hundreds of millions) and any sub-range still gets the same values as a whole
+    // fill (first_index keeps the global position).
+    double cached_z = 0;
+    std::uint64_t cached_pair = ~std::uint64_t{0};
     fill(t, [&](std::uint64_t i) {
-        const std::uint64_t r = random_bits(seed, first_index + i);
-        const double u1 = (static_cast<double>(r >> 32) + 1.0) / 4294967296.0;  // (0, 1]
-        const double u2 = static_cast<double>(r & 0xffffffffu) / 4294967296.0;  // [0, 1)
-        const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-        return static_cast<float>(mean + stddev * z);
+        const std::uint64_t g = first_index + i;
+        const std::uint64_t pair = g >> 1;
+        if (pair != cached_pair || (g & 1) == 0) {
+            const std::uint64_t r = random_bits(seed, pair);
+            const double u1 = (static_cast<double>(r >> 32) + 1.0) / 4294967296.0;  // (0, 1]
+            const double u2 = static_cast<double>(r & 0xffffffffu) / 4294967296.0;  // [0, 1)
+            const double radius = std::sqrt(-2.0 * std::log(u1));
+            const double angle = 6.283185307179586 * u2;
+            cached_pair = pair;
+            cached_z = radius * std::sin(angle);
+            if ((g & 1) == 0) {
+                return static_cast<float>(mean + stddev * radius * std::cos(angle));
+            }
+        }
+        return static_cast<float>(mean + stddev * cached_z);
     });
 }
 

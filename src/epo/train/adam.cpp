@@ -4,26 +4,108 @@
 
 namespace epo::train {
 
-void adam_step(const AdamConfig& config, int64_t step, bool decay, float* master, const float* grad,
-               AdamState state, size_t n) {
-    const float b1 = static_cast<float>(config.beta1);
-    const float b2 = static_cast<float>(config.beta2);
+namespace {
+
+struct AdamConstants {
+    float b1, b2, step_size, inv_sqrt_bc2, eps, decay_factor;
+};
+
+AdamConstants adam_constants(const AdamConfig& config, int64_t step, bool decay) {
     const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
     const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
-    const float step_size = static_cast<float>(config.lr / bias_correction1);
-    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-    const float eps = static_cast<float>(config.eps);
-    const float decay_factor =
-        decay ? static_cast<float>(1.0 - config.lr * config.weight_decay) : 1.0f;
-    float* m = state.exp_avg;
-    float* v = state.exp_avg_sq;
+    return AdamConstants{
+        .b1 = static_cast<float>(config.beta1),
+        .b2 = static_cast<float>(config.beta2),
+        .step_size = static_cast<float>(config.lr / bias_correction1),
+        .inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2)),
+        .eps = static_cast<float>(config.eps),
+        .decay_factor = decay ? static_cast<float>(1.0 - config.lr * config.weight_decay) : 1.0f,
+    };
+}
+
+// The element update. This file is compiled with -ffp-contract=off (CMakeLists.txt): every
+// clone below rounds each operation separately, so AVX-512, AVX2 and baseline builds agree.
+[[gnu::always_inline]] inline void update(const AdamConstants& c, float g, float& m, float& v,
+                                          float& w) {
+    m = c.b1 * m + (1.0f - c.b1) * g;
+    v = c.b2 * v + (1.0f - c.b2) * g * g;
+    const float denom = std::sqrt(v) * c.inv_sqrt_bc2 + c.eps;
+    w = w * c.decay_factor - c.step_size * (m / denom);
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_loop(const AdamConstants& c,
+                                                                    float* __restrict master,
+                                                                    const float* __restrict grad,
+                                                                    float* __restrict m,
+                                                                    float* __restrict v, size_t n) {
     for (size_t i = 0; i < n; ++i) {
-        const float g = grad[i];
-        m[i] = b1 * m[i] + (1.0f - b1) * g;
-        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-        const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
-        master[i] = master[i] * decay_factor - step_size * (m[i] / denom);
+        update(c, grad[i], m[i], v[i], master[i]);
     }
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_scaled_zero_loop(
+    const AdamConstants& c, float* __restrict master, float* __restrict grad, float scale,
+    float* __restrict m, float* __restrict v, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        update(c, grad[i] * scale, m[i], v[i], master[i]);
+        grad[i] = 0.0f;
+    }
+}
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_zero_loop(
+    const AdamConstants& c, float* __restrict master, float* __restrict grad, float* __restrict m,
+    float* __restrict v, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        update(c, grad[i], m[i], v[i], master[i]);
+        grad[i] = 0.0f;
+    }
+}
+
+constexpr size_t kLanes = 8;
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void scale_squares_loop(
+    float* __restrict g, size_t n, float factor, bool do_scale, double* __restrict lanes) {
+    size_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (size_t k = 0; k < kLanes; ++k) {
+            const float x = do_scale ? g[i + k] * factor : g[i + k];
+            g[i + k] = x;
+            lanes[k] += static_cast<double>(x) * static_cast<double>(x);
+        }
+    }
+    for (size_t k = 0; i < n; ++i, ++k) {
+        const float x = do_scale ? g[i] * factor : g[i];
+        g[i] = x;
+        lanes[k] += static_cast<double>(x) * static_cast<double>(x);
+    }
+}
+
+}  // namespace
+
+void adam_step(const AdamConfig& config, int64_t step, bool decay, float* master, const float* grad,
+               AdamState state, size_t n) {
+    adam_loop(adam_constants(config, step, decay), master, grad, state.exp_avg, state.exp_avg_sq,
+              n);
+}
+
+void adam_step_and_zero_grad(const AdamConfig& config, int64_t step, bool decay, float* master,
+                             float* grad, float grad_scale, AdamState state, size_t n) {
+    const AdamConstants c = adam_constants(config, step, decay);
+    if (grad_scale != 1.0f) {
+        adam_scaled_zero_loop(c, master, grad, grad_scale, state.exp_avg, state.exp_avg_sq, n);
+    } else {
+        adam_zero_loop(c, master, grad, state.exp_avg, state.exp_avg_sq, n);
+    }
+}
+
+double scale_and_sum_squares(float* g, size_t n, float factor) {
+    double lanes[kLanes] = {};
+    scale_squares_loop(g, n, factor, factor != 1.0f, lanes);
+    double sum = 0;
+    for (double lane : lanes) {
+        sum += lane;
+    }
+    return sum;
 }
 
 double clip_coefficient(double grad_norm, double clip_grad) {

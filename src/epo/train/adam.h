@@ -35,6 +35,17 @@ struct AdamState {
 void adam_step(const AdamConfig& config, int64_t step, bool decay, float* master, const float* grad,
                AdamState state, size_t n);
 
+// The optimizer's pass over one parameter, fused: g' = g * grad_scale (only when grad_scale != 1,
+// bit for bit the same as scaling g in place first), the AdamW update with g', then g = 0 for the
+// next step's accumulation. One read of each array instead of three passes.
+void adam_step_and_zero_grad(const AdamConfig& config, int64_t step, bool decay, float* master,
+                             float* grad, float grad_scale, AdamState state, size_t n);
+
+// g *= factor (skipped when factor == 1), returning the sum of squares of the scaled values,
+// accumulated in double in a fixed order that does not depend on the CPU's vector width (8
+// interleaved partial sums, then added in order), so every rank and build gets the same bits.
+double scale_and_sum_squares(float* g, size_t n, float factor);
+
 // The factor gradients are multiplied by so that their global norm is at most clip_grad
 // (1.0 when no clipping applies). `clip_grad <= 0` disables clipping.
 double clip_coefficient(double grad_norm, double clip_grad);

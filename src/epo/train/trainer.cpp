@@ -25,20 +25,6 @@ int64_t now_ns() {
         .count();
 }
 
-double sum_squares(const Param& p) {
-    const float* g = p.main_grad.data<float>();
-    double s = 0;
-    for (int64_t i = 0; i < p.main_grad.numel(); ++i)
-        s += static_cast<double>(g[i]) * g[i];
-    return s;
-}
-
-void scale(Param& p, float factor) {
-    float* g = p.main_grad.data<float>();
-    for (int64_t i = 0; i < p.main_grad.numel(); ++i)
-        g[i] *= factor;
-}
-
 // Sum over the group of one double per rank, added in group-rank order (exact and identical on
 // every rank).
 double group_sum(comm::Communicator& c, double local) {
@@ -210,11 +196,9 @@ StepResult Trainer::step() {
             calls_, n, streams_,
             [&body, target, step](const schedule::NodeCall& call, runtime::StreamContext& ctx) {
                 if (schedule::call_name(call) == target) {
-                    // What an unexpected failure inside a node looks
-                    // like: not an epo::Error.
-                    throw std::runtime_error(
-                        fmt::format("injected failure (EPO_INJECT_FAILURE) "
-                                    "in {} of step {}",
+                    throw Error(
+                        ErrorKind::kComm,
+                        fmt::format("injected failure (EPO_INJECT_FAILURE) in {} of step {}",
                                     target, step));
                 }
                 body(call, ctx);
@@ -262,30 +246,31 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
 
     // Gradients averaged over the data-parallel size: dense over all ranks, experts over the
     // ranks holding the same experts (their token contributions from the other EP ranks
-    // already arrived through the all-to-all backward).
+    // already arrived through the all-to-all backward). The averaging and the squares for the
+    // global norm are one pass.
     const float inv_dp = 1.0f / static_cast<float>(dp_size_);
+    auto grad_of = [](Param* p) {
+        return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
+    };
+    double dense_sq = 0, expert_sq = 0;
     for (Param* p : dense) {
-        if (groups.dp.size() > 1)
-            groups.dp.all_reduce_sum(
-                std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel())));
-        scale(*p, inv_dp);
+        if (groups.dp.size() > 1) {
+            groups.dp.all_reduce_sum(grad_of(p));
+        }
+        dense_sq += scale_and_sum_squares(grad_of(p).data(), grad_of(p).size(), inv_dp);
     }
     for (Param* p : expert) {
-        if (groups.edp.size() > 1)
-            groups.edp.all_reduce_sum(
-                std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel())));
-        scale(*p, inv_dp);
+        if (groups.edp.size() > 1) {
+            groups.edp.all_reduce_sum(grad_of(p));
+        }
+        expert_sq += scale_and_sum_squares(grad_of(p).data(), grad_of(p).size(), inv_dp);
     }
 
     // Global norm: dense gradients are identical on every rank; expert gradients differ across
     // the EP group, whose sum of squares is added up in rank order.
-    double dense_sq = 0, expert_sq = 0;
-    for (Param* p : dense)
-        dense_sq += sum_squares(*p);
-    for (Param* p : expert)
-        expert_sq += sum_squares(*p);
-    if (groups.ep.size() > 1)
+    if (groups.ep.size() > 1) {
         expert_sq = group_sum(groups.ep, expert_sq);
+    }
     result.grad_norm = std::sqrt(dense_sq + expert_sq);
     if (!std::isfinite(result.grad_norm))
         result.first_nonfinite_grad = first_nonfinite_grad(optimizer_->params);
@@ -296,14 +281,12 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     adam.lr = result.learning_rate;
     for (size_t i = 0; i < optimizer_->params.size(); ++i) {
         Param& p = *optimizer_->params[i];
-        if (clip < 1.0)
-            scale(p, static_cast<float>(clip));
-        adam_step(adam, steps_done_ + 1, p.master.rank() > 1, p.master.data<float>(),
-                  p.main_grad.data<float>(),
-                  AdamState{optimizer_->exp_avg[i].data(), optimizer_->exp_avg_sq[i].data()},
-                  static_cast<size_t>(p.master.numel()));
+        adam_step_and_zero_grad(
+            adam, steps_done_ + 1, p.master.rank() > 1, p.master.data<float>(),
+            p.main_grad.data<float>(), clip < 1.0 ? static_cast<float>(clip) : 1.0f,
+            AdamState{optimizer_->exp_avg[i].data(), optimizer_->exp_avg_sq[i].data()},
+            static_cast<size_t>(p.master.numel()));
         refresh_compute(p);
-        zero_grad(p);
     }
 
     // Expert-bias updates from the step's token counts over all data-parallel ranks.
