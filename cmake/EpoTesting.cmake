@@ -30,6 +30,6 @@ function(epo_add_mpi_run target np)
            COMMAND ${MPIEXEC_EXECUTABLE} ${EPO_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${np}
                    $<TARGET_FILE:${target}>)
   # Ranks launched on this host inherit mpirun's environment (OpenMPI and MPICH alike).
-  set_tests_properties(${target}_np${np} PROPERTIES TIMEOUT 300 LABELS mpi
+  set_tests_properties(${target}_np${np} PROPERTIES TIMEOUT 900 LABELS mpi
                        ENVIRONMENT "OMP_NUM_THREADS=1")
 endfunction()
