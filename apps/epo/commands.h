@@ -18,5 +18,7 @@ void add_validate_command(CLI::App& app);   // cmd_validate.cpp
 void add_moe_layer_command(CLI::App& app);  // cmd_moe_layer.cpp
 void add_launch_command(CLI::App& app);     // cmd_launch.cpp
 void add_train_command(CLI::App& app);      // cmd_train.cpp
+void add_bench_command(CLI::App& app);      // cmd_bench.cpp
+void add_check_run_command(CLI::App& app);  // cmd_check_run.cpp
 
 }  // namespace epo::cli

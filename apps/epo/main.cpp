@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
     epo::cli::add_moe_layer_command(app);
     epo::cli::add_launch_command(app);
     epo::cli::add_train_command(app);
+    epo::cli::add_bench_command(app);
+    epo::cli::add_check_run_command(app);
 
     std::vector<std::string> args(argv + 1, argv + argc);
     args = epo::cli::normalize_harness_flags(args);

@@ -1,0 +1,202 @@
+// `epo bench`: the benchmark harness (the project's main job). Started by hand it checks the
+// configuration, picks the run directory and starts N x G ranks of itself through mpirun (the
+// launcher of epo launch); started inside an MPI job (mpirun, srun) it is one of those ranks.
+// The ranks run epo::bench::run_bench and rank 0 writes the run directory and prints the table.
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "epo/bench/bench_report.h"
+#include "epo/bench/bench_run.h"
+#include "epo/comm/launch.h"
+#include "epo/comm/rank_runner.h"
+#include "epo/config/overrides.h"
+#include "epo/config/recipes.h"
+#include "harness_flags.h"
+
+namespace epo::cli {
+namespace {
+
+struct BenchArgs {
+    std::vector<std::string> positional;
+    std::string model;
+    std::string out;
+    bool compare = false;
+    double comm_compute_ratio = 0;
+    int repeats = 0;
+    int warmup_steps = 1;
+    HarnessFlags harness;
+    CLI::App* cmd = nullptr;
+};
+
+bench::BenchOptions options_from(const BenchArgs& args) {
+    bench::BenchOptions o;
+    if (args.cmd->count("--model") > 0)
+        o.sources.model = args.model;
+    for (const auto& arg : args.positional) {
+        if (config::looks_like_override(arg)) {
+            o.sources.overrides.push_back(arg);
+        } else if (o.sources.config_path) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("two configuration files given ('{}' and '{}'); give one, "
+                                    "and overrides as KEY=VALUE",
+                                    o.sources.config_path->string(), arg));
+        } else {
+            o.sources.config_path = arg;
+        }
+    }
+    o.sources.harness = harness_overrides(args.harness);
+    o.compare = args.compare;
+    if (args.cmd->count("--comm_compute_ratio") > 0)
+        o.comm_compute_ratio = args.comm_compute_ratio;
+    o.repeats = args.repeats;
+    o.warmup_steps = args.warmup_steps;
+    if (!args.out.empty())
+        o.out_dir = args.out;
+    return o;
+}
+
+// Inside an MPI job when the launcher left its rank variables (Open MPI, MPICH/hydra, PMIx/srun).
+bool inside_mpi_job() {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+        if (std::getenv(v) != nullptr)
+            return true;
+    return false;
+}
+
+// This process's own command line, as started (before any rewriting).
+std::vector<std::string> own_command_line() {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    std::vector<std::string> out;
+    std::string arg;
+    while (std::getline(in, arg, '\0'))
+        out.push_back(arg);
+    return out;
+}
+
+std::string default_run_dir(const config::Config& cfg) {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
+    return (std::filesystem::path(cfg.logger.log_dir) /
+            fmt::format("{}-bench-{}", stamp, cfg.recipe.value_or("run")))
+        .string();
+}
+
+// Checks everything before any rank starts, then replaces this process with mpirun running
+// the same command line on every rank, with the run directory fixed.
+void launch(bench::BenchOptions options) {
+    const config::Config built =
+        config::build_config(bench::with_default_model(options.sources)).config;
+    const int world = built.comm.num_nodes * built.comm.gpus_per_node;
+    if (world < 1) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("comm.num_nodes {} x comm.gpus_per_node {}: need at least one "
+                                "rank; set --num_nodes and --gpus_per_node",
+                                built.comm.num_nodes, built.comm.gpus_per_node));
+    }
+    const config::Config cfg = bench::check_bench_config(options, world);
+    const std::string out = options.out_dir ? options.out_dir->string() : default_run_dir(cfg);
+
+    std::vector<std::string> argv = own_command_line();
+    std::vector<std::string> command = {"/proc/self/exe"};
+    command[0] = std::filesystem::read_symlink("/proc/self/exe").string();
+    for (size_t i = 1; i < argv.size(); ++i) {
+        if (argv[i] == "--out") {
+            ++i;  // and its value
+            continue;
+        }
+        if (argv[i].rfind("--out=", 0) == 0)
+            continue;
+        command.push_back(argv[i]);
+    }
+    command.push_back("--out");
+    command.push_back(out);
+    comm::LaunchOptions launch{.num_ranks = world, .command = command};
+    const std::vector<std::string> line = comm::make_launch_command(launch);
+    std::cout << fmt::format("[bench] {} ranks ({} nodes x {}), run directory {}\n", world,
+                             cfg.comm.num_nodes, cfg.comm.gpus_per_node, out)
+              << std::flush;
+    comm::exec_launch(line);
+}
+
+void run_ranks(const bench::BenchOptions& options) {
+    int status = 0;
+    comm::MpiRuntime mpi(nullptr, nullptr);
+    try {
+        const bench::BenchResult result = bench::run_bench(options, std::cout);
+        bench::write_bench_outputs(result, std::cout);
+    } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kConfig && e.kind() != ErrorKind::kUsage)
+            comm::abort_job(std::current_exception());
+        // Every rank reaches the same verdict on the configuration: exit cleanly, rank 0 says why.
+        if (mpi.world_rank() == 0)
+            std::cerr << "epo bench: " << e.what() << "\n";
+        status = exit_status_for(e.kind());
+    } catch (...) {
+        comm::abort_job(std::current_exception());
+    }
+    if (status != 0)
+        throw CLI::RuntimeError(status);
+}
+
+void run_bench_command(const BenchArgs& args) {
+    const bench::BenchOptions options = options_from(args);
+    if (inside_mpi_job()) {
+        run_ranks(options);
+        return;
+    }
+    try {
+        launch(options);
+    } catch (const Error& e) {
+        std::cerr << "epo bench: " << e.what() << "\n";
+        throw CLI::RuntimeError(exit_status_for(e.kind()));
+    }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+    auto args = std::make_shared<BenchArgs>();
+    std::string recipes;
+    for (auto name : config::recipe_names())
+        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
+    CLI::App* cmd = app.add_subcommand(
+        "bench",
+        "Benchmark EP overlap: start N x G ranks (or run inside an MPI job), train the baseline "
+        "and overlap schedules, print the comparison table and write metrics.json, report.html, "
+        "a trace and per-rank logs. Without --model: a small proxy of qwen3-30b-a3b on 2 ranks "
+        "as 2 nodes, link model calibrated to comm/compute 1.");
+    args->cmd = cmd;
+    cmd->add_option("config_and_overrides", args->positional,
+                    "CONFIG.yaml, then KEY=VALUE overrides; later ones win");
+    cmd->add_option("--model", args->model, "start from a recipe: " + recipes);
+    cmd->add_flag("--compare", args->compare,
+                  "run baseline, overlap and overlap+delay_wgrad, alternating repeats");
+    cmd->add_option("--comm_compute_ratio", args->comm_compute_ratio,
+                    "calibrate the link model so the baseline's communication takes R times its "
+                    "compute (default: 1 for the embedded proxy, link model as configured "
+                    "otherwise)");
+    cmd->add_option("--repeats", args->repeats,
+                    "runs per schedule, alternating (default: 3 with --compare, else 1)");
+    cmd->add_option("--warmup_steps", args->warmup_steps,
+                    "steps per run left out of the timing (default 1)");
+    cmd->add_option("--out", args->out,
+                    "run directory (default: <logger.log_dir>/<time>-bench-<recipe>)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    add_harness_flags(*cmd, args->harness);
+    cmd->footer(
+        "Examples:\n"
+        "  epo bench --compare\n"
+        "  epo bench --model tiny-moe --num_nodes 2 --gpus_per_node 1 -ep 2 --compare "
+        "--max_steps 4\n"
+        "  epo bench --compare --comm_compute_ratio 2 -gb 32");
+    cmd->callback([args] { run_bench_command(*args); });
+}
+
+}  // namespace epo::cli

@@ -1,0 +1,217 @@
+#include "epo/bench/bench_report.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <ostream>
+
+#include "epo/bench/trace.h"
+#include "epo/comm/mpi_runtime.h"
+#include "epo/core/error.h"
+
+namespace epo::bench {
+namespace {
+
+nlohmann::json optional_json(const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+nlohmann::json node_stats_json(const NodeStatsMap& stats) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [kind, s] : stats) {
+        out[kind] = {{"stream", s.stream},
+                     {"count", s.count},
+                     {"total_s", s.total_s},
+                     {"sent", s.bytes.sent()},
+                     {"received", s.bytes.received()}};
+    }
+    return out;
+}
+
+// Rank 0: per node kind, the per-rank numbers per measured step.
+nlohmann::json merge_node_stats(const std::vector<std::string>& ranks, size_t num_steps) {
+    nlohmann::json out = nlohmann::json::object();
+    const double steps = static_cast<double>(std::max<size_t>(1, num_steps));
+    for (size_t r = 0; r < ranks.size(); ++r) {
+        const nlohmann::json stats = nlohmann::json::parse(ranks[r]);
+        for (const auto& [kind, s] : stats.items()) {
+            nlohmann::json& k = out[kind];
+            if (k.is_null()) {
+                k = {{"stream", s["stream"]},
+                     {"calls_per_step", s["count"].get<double>() / steps},
+                     {"seconds_per_step", nlohmann::json::array()},
+                     {"bytes_sent_per_step", nlohmann::json::array()},
+                     {"bytes_received_per_step", nlohmann::json::array()}};
+            }
+            k["seconds_per_step"].push_back(s["total_s"].get<double>() / steps);
+            k["bytes_sent_per_step"].push_back(s["sent"].get<double>() / steps);
+            k["bytes_received_per_step"].push_back(s["received"].get<double>() / steps);
+        }
+    }
+    return out;
+}
+
+nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes) {
+    std::vector<double> step_times;
+    for (const StepMetrics& m : r.measured)
+        step_times.push_back(m.step_time_s);
+    return {{"name", r.schedule.name},
+            {"overlap_moe_expert_parallel_comm", r.config.model.overlap_moe_expert_parallel_comm},
+            {"delay_wgrad_compute", r.config.model.delay_wgrad_compute},
+            {"step_time_s",
+             {{"median", r.step_time_s.median},
+              {"min", r.step_time_s.min},
+              {"max", r.step_time_s.max}}},
+            {"step_times_s", step_times},
+            {"tokens_per_s", r.tokens_per_s},
+            {"tflops_per_rank", r.tflops_per_rank},
+            {"compute_s", r.compute_s},
+            {"comm_s", r.comm_s},
+            {"exposed_comm_s", r.exposed_comm_s},
+            {"peak_rss_bytes", r.peak_rss_bytes},
+            {"peak_activation_bytes", r.peak_activation_bytes},
+            {"losses", r.losses.empty() ? std::vector<double>{} : r.losses.front()},
+            {"grad_norms", r.grad_norms.empty() ? std::vector<double>{} : r.grad_norms.front()},
+            {"steps_planned", r.steps_planned},
+            {"steps_completed", r.steps_completed},
+            {"repeats_identical", r.repeats_identical},
+            {"losses_match_baseline", r.losses_match_baseline},
+            {"critical_path_bound_s", optional_json(r.critical_path_bound_s)},
+            {"overlap_efficiency", optional_json(r.overlap_efficiency)},
+            {"speedup_vs_baseline", optional_json(r.speedup_vs_baseline)},
+            {"nodes", std::move(nodes)}};
+}
+
+nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::json> nodes) {
+    const config::Config& c = result.config;
+    nlohmann::json runs = nlohmann::json::array();
+    for (size_t i = 0; i < result.runs.size(); ++i)
+        runs.push_back(run_json(result.runs[i], std::move(nodes[i])));
+    nlohmann::json calibration = nullptr;
+    if (const auto& k = result.calibration) {
+        const ScheduleRun* base = nullptr;
+        for (const ScheduleRun& r : result.runs)
+            if (r.schedule.name == "baseline")
+                base = &r;
+        calibration = {{"target_ratio", k->target_ratio},
+                       {"compute_s_link_off", k->compute_s},
+                       {"comm_s_link_off", k->comm_s_unmodelled},
+                       {"modelled_bytes_per_step", k->modelled_bytes},
+                       {"collectives_per_step", k->num_collectives},
+                       {"bandwidth_set", k->inter_node ? "inter_node" : "intra_node"},
+                       {"achieved_ratio", base && base->compute_s > 0
+                                              ? nlohmann::json(base->comm_s / base->compute_s)
+                                              : nlohmann::json(nullptr)}};
+    }
+    return {{"version", 1},
+            {"epo_version", EPO_VERSION},
+            {"completed", true},
+            {"model", c.recipe.value_or("") + (result.proxy ? " (bench proxy)" : "")},
+            {"proxy", result.proxy},
+            {"world_size", comm::current_world_size()},
+            {"num_nodes", c.comm.num_nodes},
+            {"gpus_per_node", c.comm.gpus_per_node},
+            {"expert_model_parallel_size", c.model.expert_model_parallel_size},
+            {"num_micro_batches", config::num_microbatches(c)},
+            {"global_batch_size", config::global_batch_size(c)},
+            {"seq_length", c.model.seq_length},
+            {"steps_per_run", c.train.train_iters},
+            {"warmup_steps", result.warmup_steps},
+            {"repeats", result.repeats},
+            {"link",
+             {{"inter_node_gbps", c.comm.link.inter_node_gbps.value_or(0.0)},
+              {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
+              {"latency_us", c.comm.link.latency_us.value_or(0.0)}}},
+            {"calibration", calibration},
+            {"runs", runs},
+            {"overlap_speedup", optional_json(result.overlap_speedup)},
+            {"overlap_efficiency", optional_json(result.overlap_efficiency)},
+            {"loss_bitwise_identical", result.loss_bitwise_identical},
+            {"wall_time_s", result.wall_s}};
+}
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+    std::ofstream out(path);
+    out << text;
+    out.close();
+    if (!out)
+        throw Error(ErrorKind::kIo, fmt::format("cannot write '{}'", path.string()));
+}
+
+std::string opt_fixed(const nlohmann::json& v, const char* fmt_spec, const char* none = "-") {
+    if (v.is_null())
+        return none;
+    return fmt::format(fmt::runtime(fmt_spec), v.get<double>());
+}
+
+}  // namespace
+
+std::string format_table(const nlohmann::json& m) {
+    std::string out =
+        fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {}\n",
+                    "schedule", "step time s: median [min, max]", "tokens/s", "TFLOP/s", "compute",
+                    "comm", "exposed", "speedup", "effic.", "peak RSS", "losses vs baseline");
+    out += fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9}\n", "", "",
+                       "", "per rank", "s", "s", "s", "", "", "GiB");
+    for (const auto& r : m.at("runs")) {
+        const auto& st = r.at("step_time_s");
+        const std::string step =
+            fmt::format("{:.3f} [{:.3f}, {:.3f}]", st.at("median").get<double>(),
+                        st.at("min").get<double>(), st.at("max").get<double>());
+        const std::string name = r.at("name");
+        const std::string losses = name == "baseline"                          ? "(reference)"
+                                   : r.at("losses_match_baseline").get<bool>() ? "bit-identical"
+                                                                               : "DIFFERENT";
+        out += fmt::format(
+            "{:<20} {:>26} {:>9.0f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>7} {:>6} {:>9.2f} {}\n",
+            name, step, r.at("tokens_per_s").get<double>(), r.at("tflops_per_rank").get<double>(),
+            r.at("compute_s").get<double>(), r.at("comm_s").get<double>(),
+            r.at("exposed_comm_s").get<double>(), opt_fixed(r.at("speedup_vs_baseline"), "{:.2f}x"),
+            opt_fixed(r.at("overlap_efficiency"), "{:.2f}"),
+            r.at("peak_rss_bytes").get<double>() / (1024.0 * 1024 * 1024), losses);
+    }
+    const auto& link = m.at("link");
+    out += fmt::format(
+        "link model: inter-node {:.4g} Gbit/s, intra-node {:.4g} Gbit/s, latency "
+        "{} us{}\n",
+        link.at("inter_node_gbps").get<double>(), link.at("intra_node_gbps").get<double>(),
+        link.at("latency_us").get<double>(),
+        m.at("calibration").is_null()
+            ? ""
+            : fmt::format(" (calibrated to comm/compute {}, achieved {})",
+                          m.at("calibration").at("target_ratio").get<double>(),
+                          opt_fixed(m.at("calibration").at("achieved_ratio"), "{:.2f}")));
+    out += fmt::format(
+        "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
+        "{}; loss trajectories bit-identical: {}\n",
+        opt_fixed(m.at("overlap_speedup"), "{:.2f}x"),
+        opt_fixed(m.at("overlap_efficiency"), "{:.2f}"),
+        m.at("loss_bitwise_identical").get<bool>() ? "yes" : "NO");
+    return out;
+}
+
+void write_bench_outputs(const BenchResult& result, std::ostream& out) {
+    std::vector<nlohmann::json> nodes;
+    Trace trace;
+    for (const ScheduleRun& r : result.runs) {
+        const auto parts = gather_strings_to_root(node_stats_json(r.nodes).dump());
+        nodes.push_back(comm::current_world_rank() == 0 ? merge_node_stats(parts, r.measured.size())
+                                                        : nlohmann::json::object());
+        static const std::vector<runtime::TaskRecord> kNone;
+        gather_trace(trace, r.measured_records.empty() ? kNone : r.measured_records.back(),
+                     r.schedule.name);
+    }
+    if (comm::current_world_rank() != 0)
+        return;
+    const nlohmann::json metrics = metrics_json(result, std::move(nodes));
+    const nlohmann::json trace_doc = trace_json(trace);
+    write_file(result.run_dir / "metrics.json", metrics.dump(2) + "\n");
+    write_file(result.run_dir / "trace.json", trace_doc.dump() + "\n");
+    write_file(result.run_dir / "report.html", report_html(metrics, trace_doc));
+    out << "\n"
+        << format_table(metrics) << "run directory: " << result.run_dir.string()
+        << " (metrics.json, report.html, trace.json, config.yaml, logs/)\n"
+        << std::flush;
+}
+
+}  // namespace epo::bench

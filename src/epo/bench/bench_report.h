@@ -1,0 +1,42 @@
+// What `epo bench` leaves behind and prints: metrics.json, the Chrome trace of one measured step
+// per schedule (trace.json), report.html, and the comparison table.
+//
+// metrics.json (version 1):
+//   runs[]: name, overlap_moe_expert_parallel_comm, delay_wgrad_compute,
+//           step_time_s {median, min, max}, step_times_s[], tokens_per_s, tflops_per_rank,
+//           compute_s, comm_s, exposed_comm_s (medians over measured steps of the largest over
+//           ranks), peak_rss_bytes, peak_activation_bytes, losses[], grad_norms[] (first
+//           repeat), steps_planned, steps_completed, repeats_identical, losses_match_baseline,
+//           critical_path_bound_s, overlap_efficiency, speedup_vs_baseline,
+//           nodes {kind: {stream, calls_per_step, seconds_per_step[rank],
+//           bytes_sent_per_step[rank], bytes_received_per_step[rank]}}
+//   overlap_speedup, overlap_efficiency (the "overlap" run's), loss_bitwise_identical,
+//   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null),
+//   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,
+//   warmup_steps, repeats, wall_time_s, completed
+//
+// report.html is one self-contained file (inline SVG and CSS, no scripts, no network): the
+// table, the loss curves of every run, and a timeline of both streams of every rank for one
+// measured step of each schedule, all on one time scale.
+#pragma once
+
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "epo/bench/bench_run.h"
+
+namespace epo::bench {
+
+// Collective over MPI_COMM_WORLD: gathers the per-rank parts (node statistics, trace records),
+// then rank 0 writes metrics.json, trace.json and report.html into result.run_dir and prints
+// the table to `out`.
+void write_bench_outputs(const BenchResult& result, std::ostream& out);
+
+// The comparison table of a metrics.json document, as printed.
+std::string format_table(const nlohmann::json& metrics);
+
+// report.html from metrics.json and trace.json documents.
+std::string report_html(const nlohmann::json& metrics, const nlohmann::json& trace);
+
+}  // namespace epo::bench

@@ -1,0 +1,445 @@
+#include "epo/bench/bench_run.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <ostream>
+
+#include "epo/bench/trace.h"
+#include "epo/comm/mpi_runtime.h"
+#include "epo/config/report.h"
+#include "epo/config/yaml_io.h"
+#include "epo/core/error.h"
+#include "epo/train/train_run.h"
+#include "epo/train/trainer.h"
+
+namespace epo::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string format_duration(double s) {
+    const int total = static_cast<int>(std::lround(std::max(0.0, s)));
+    return total >= 60 ? fmt::format("{}m{:02d}s", total / 60, total % 60)
+                       : fmt::format("{}s", total);
+}
+
+double max_over_ranks(double v) {
+    double out = v;
+    comm::check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+                    "reducing a benchmark metric");
+    return out;
+}
+
+// Rank 0 picks the run directory; every rank learns it.
+std::filesystem::path agree_on_run_dir(const BenchOptions& options, const config::Config& cfg) {
+    std::string path;
+    if (comm::current_world_rank() == 0) {
+        if (options.out_dir) {
+            path = options.out_dir->string();
+        } else {
+            const std::time_t now = std::time(nullptr);
+            std::tm local{};
+            localtime_r(&now, &local);
+            char stamp[32];
+            std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
+            path = (std::filesystem::path(cfg.logger.log_dir) /
+                    fmt::format("{}-bench-{}", stamp, cfg.recipe.value_or("run")))
+                       .string();
+        }
+    }
+    int length = static_cast<int>(path.size());
+    comm::check_mpi(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD), "broadcast of the run dir");
+    path.resize(static_cast<size_t>(length));
+    comm::check_mpi(MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD),
+                    "broadcast of the run dir");
+    return path;
+}
+
+config::ConfigSources sources_for(const BenchOptions& options, const BenchSchedule* schedule,
+                                  const std::vector<std::string>& extra) {
+    config::ConfigSources s = with_default_model(options.sources);
+    if (schedule) {
+        // Last, so the schedule under comparison wins over the user's own overlap settings.
+        s.overrides.push_back(fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}",
+                                          schedule->overlap ? "true" : "false"));
+        s.overrides.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}",
+                                          schedule->delay_wgrad ? "true" : "false"));
+    }
+    s.overrides.insert(s.overrides.end(), extra.begin(), extra.end());
+    return s;
+}
+
+config::Config finalized_or_throw(const config::ConfigSources& sources, int world_size,
+                                  const std::string& what) {
+    const config::ValidationReport report = train::prepare_run_config(sources, world_size);
+    if (!report.ok()) {
+        std::string ids;
+        for (const auto& e : report.errors)
+            ids += (ids.empty() ? "" : ", ") + e.id;
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("{}: the configuration cannot run on this runtime ({}):\n{}", what,
+                                ids, config::format_findings(report)));
+    }
+    return report.config;
+}
+
+std::string schedule_name_of(const config::Config& cfg) {
+    if (!cfg.model.overlap_moe_expert_parallel_comm)
+        return "baseline";
+    return cfg.model.delay_wgrad_compute ? "overlap+delay_wgrad" : "overlap";
+}
+
+std::vector<std::string> link_overrides(const LinkCalibration& c) {
+    return {fmt::format("comm.link.inter_node_gbps={:.6g}", c.inter_node_gbps),
+            fmt::format("comm.link.intra_node_gbps={:.6g}", c.intra_node_gbps),
+            fmt::format("comm.link.latency_us={:.6g}", c.latency_us)};
+}
+
+// One rank's log file and, on rank 0, the progress stream.
+struct Logs {
+    std::ofstream rank_file;
+    std::ostream* progress = nullptr;  // rank 0 only
+
+    void both(const std::string& line) {
+        rank_file << line << "\n" << std::flush;
+        if (progress)
+            *progress << line << "\n" << std::flush;
+    }
+};
+
+LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, Logs& logs) {
+    const BenchSchedule base{"baseline", false, false};
+    const config::Config cfg =
+        finalized_or_throw(sources_for(options, &base,
+                                       {"comm.link.inter_node_gbps=0",
+                                        "comm.link.intra_node_gbps=0", "comm.link.latency_us=0"}),
+                           world, "calibration");
+    logs.both(
+        fmt::format("[bench] calibrating the link model to comm/compute = {}: baseline "
+                    "with the link model off",
+                    ratio));
+    train::Trainer trainer(cfg, {.keep_records = true});
+    const int steps = options.warmup_steps + 2;
+    std::vector<double> compute, comm_s, bytes, collectives;
+    for (int i = 0; i < steps; ++i) {
+        const train::StepResult r = trainer.step();
+        if (i < options.warmup_steps)
+            continue;
+        compute.push_back(r.compute_busy_s);
+        comm_s.push_back(r.comm_busy_s);
+        double b = 0, n = 0;
+        for (const runtime::TaskRecord& t : r.records) {
+            const bool inter = cfg.comm.num_nodes > 1;
+            const int64_t sent = inter ? t.bytes.inter_sent : t.bytes.intra_sent;
+            const int64_t recv = inter ? t.bytes.inter_recv : t.bytes.intra_recv;
+            if (t.kind == runtime::RecordKind::kTask && t.stream == "comm" && sent + recv > 0) {
+                b += static_cast<double>(std::max(sent, recv));
+                n += 1;
+            }
+        }
+        bytes.push_back(b);
+        collectives.push_back(n);
+    }
+    LinkCalibration c;
+    c.target_ratio = ratio;
+    c.compute_s = max_over_ranks(summarize(compute).median);
+    c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median);
+    c.modelled_bytes = max_over_ranks(summarize(bytes).median);
+    c.num_collectives = static_cast<int64_t>(max_over_ranks(summarize(collectives).median));
+    c.inter_node = cfg.comm.num_nodes > 1;
+    const config::Config user = finalized_or_throw(sources_for(options, &base, {}), world, "run");
+    c.latency_us = user.comm.link.latency_us.value_or(0.0);
+    const double link_time = ratio * c.compute_s - c.num_collectives * c.latency_us * 1e-6;
+    if (c.modelled_bytes <= 0 || link_time <= 0) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("--comm_compute_ratio {}: cannot calibrate: {} all-to-alls of "
+                                "{:.0f} bytes per step with comm.link.latency_us={} already take "
+                                "more than {:.3f} s; lower comm.link.latency_us or raise the ratio",
+                                ratio, c.num_collectives, c.modelled_bytes, c.latency_us,
+                                ratio * c.compute_s));
+    }
+    const double gbps = c.modelled_bytes * 8.0 / link_time / 1e9;
+    (c.inter_node ? c.inter_node_gbps : c.intra_node_gbps) = gbps;
+    logs.both(
+        fmt::format("[bench] link model: compute {:.3f} s/step, {} all-to-alls moving "
+                    "{:.1f} MB/step -> comm.link.{}_node_gbps={:.4g} latency_us={}",
+                    c.compute_s, c.num_collectives, c.modelled_bytes / 1e6,
+                    c.inter_node ? "inter" : "intra", gbps, c.latency_us));
+    return c;
+}
+
+// Fills the derived fields of every run once all are measured. Collective (bound, node stats).
+void derive(BenchResult& result) {
+    const ScheduleRun* base = nullptr;
+    for (const ScheduleRun& r : result.runs)
+        if (r.schedule.name == "baseline")
+            base = &r;
+    for (ScheduleRun& r : result.runs) {
+        std::vector<double> step, compute, comm_s, exposed;
+        for (const StepMetrics& m : r.measured) {
+            step.push_back(m.step_time_s);
+            compute.push_back(m.compute_busy_s);
+            comm_s.push_back(m.comm_busy_s);
+            exposed.push_back(m.exposed_comm_s);
+            r.peak_activation_bytes = std::max(r.peak_activation_bytes, m.peak_activation_bytes);
+        }
+        r.step_time_s = summarize(step);
+        r.compute_s = summarize(compute).median;
+        r.comm_s = summarize(comm_s).median;
+        r.exposed_comm_s = summarize(exposed).median;
+        if (r.step_time_s.median > 0 && !r.measured.empty()) {
+            const StepMetrics& m = r.measured.front();
+            r.tokens_per_s = m.tokens_per_s * m.step_time_s / r.step_time_s.median;
+            r.tflops_per_rank = m.tflops_per_rank * m.step_time_s / r.step_time_s.median;
+        }
+        for (const auto& rep : r.losses)
+            r.repeats_identical = r.repeats_identical && rep == r.losses.front();
+        if (base && !base->losses.empty() && !r.losses.empty())
+            r.losses_match_baseline = r.losses.front() == base->losses.front();
+        if (base && &r != base && r.schedule.overlap && !r.durations.empty()) {
+            r.critical_path_bound_s =
+                max_over_ranks(critical_path_bound_s(r.calls, base->durations, r.durations));
+            r.overlap_efficiency = overlap_efficiency(
+                base->step_time_s.median, r.step_time_s.median, *r.critical_path_bound_s);
+        }
+        if (base && r.step_time_s.median > 0)
+            r.speedup_vs_baseline = base->step_time_s.median / r.step_time_s.median;
+    }
+    for (const ScheduleRun& r : result.runs) {
+        result.loss_bitwise_identical =
+            result.loss_bitwise_identical && r.losses_match_baseline && r.repeats_identical;
+        if (r.schedule.name == "overlap" && base) {
+            result.overlap_speedup = r.speedup_vs_baseline;
+            result.overlap_efficiency = r.overlap_efficiency;
+        }
+    }
+}
+
+}  // namespace
+
+const char* const kProxyRecipe = "qwen3-30b-a3b";
+
+const std::string& proxy_yaml() {
+    // Real widths of qwen3-30b-a3b (expert FFN 768, head dim 128); hidden 1024 with the heads
+    // scaled from 32 query / 4 key-value heads at hidden 2048; 16 experts, top-2, so two CPU
+    // ranks finish a step in seconds; 2 layers, sequence 512, vocabulary 8192; 2 ranks as 2
+    // nodes of 1 (all expert traffic crosses the modelled NIC); 8 micro-batches per step.
+    // The distributed optimizer and bucketed data-parallel overlap are off: the runtime does not
+    // execute them (RT013, RT012).
+    static const std::string yaml = R"(model:
+  num_layers: 2
+  hidden_size: 1024
+  num_attention_heads: 16
+  num_query_groups: 2
+  kv_channels: 128
+  ffn_hidden_size: 3072
+  moe_ffn_hidden_size: 768
+  num_moe_experts: 16
+  moe_router_topk: 2
+  seq_length: 512
+  vocab_size: 8192
+  expert_model_parallel_size: 2
+train:
+  micro_batch_size: 1
+  global_batch_size: 16
+  train_iters: 3
+ddp:
+  use_distributed_optimizer: false
+  overlap_grad_reduce: false
+  overlap_param_gather: false
+comm:
+  num_nodes: 2
+  gpus_per_node: 1
+)";
+    return yaml;
+}
+
+config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy) {
+    const bool proxy = !sources.model && !sources.config_path && !sources.config_text;
+    if (proxy) {
+        sources.model = kProxyRecipe;
+        sources.config_text = proxy_yaml();
+    }
+    if (is_proxy)
+        *is_proxy = proxy;
+    return sources;
+}
+
+const std::vector<BenchSchedule>& compare_schedules() {
+    static const std::vector<BenchSchedule> s = {
+        {"baseline", false, false}, {"overlap", true, false}, {"overlap+delay_wgrad", true, true}};
+    return s;
+}
+
+config::Config check_bench_config(const BenchOptions& options, int world_size) {
+    const auto& flex = options.sources.harness.moe_flex_dispatcher_backend;
+    if (flex && flex->has_value()) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("RT017: --moe_flex_dispatcher_backend {}: the flex token "
+                                "dispatcher (deepep / hybridep) is not executed by this runtime, "
+                                "and running alltoall in its place would measure something "
+                                "else; drop the flag or pass --moe_flex_dispatcher_backend None",
+                                **flex));
+    }
+    if (const auto& r = options.comm_compute_ratio; r && (!(*r > 0) || !std::isfinite(*r))) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--comm_compute_ratio {}: give a positive number (1 = the "
+                                "baseline's communication as long as its compute)",
+                                *r));
+    }
+    if (options.repeats < 0 || options.warmup_steps < 0) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--repeats {} / --warmup_steps {}: give 0 or more", options.repeats,
+                                options.warmup_steps));
+    }
+    const config::Config cfg =
+        finalized_or_throw(sources_for(options, nullptr, {}), world_size, "epo bench");
+    if (options.warmup_steps >= cfg.train.train_iters) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--warmup_steps {} leaves none of the {} steps "
+                                "(train.train_iters / --max_steps) to measure; raise --max_steps "
+                                "or lower --warmup_steps",
+                                options.warmup_steps, cfg.train.train_iters));
+    }
+    if (options.compare) {
+        for (const BenchSchedule& s : compare_schedules())
+            finalized_or_throw(sources_for(options, &s, {}), world_size, s.name);
+    }
+    return cfg;
+}
+
+BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
+    const auto t0 = Clock::now();
+    const int rank = comm::current_world_rank();
+    const int world = comm::current_world_size();
+    BenchResult result;
+    result.config = check_bench_config(options, world);
+    with_default_model(options.sources, &result.proxy);
+    result.run_dir = agree_on_run_dir(options, result.config);
+    if (rank == 0)
+        std::filesystem::create_directories(result.run_dir / "logs");
+    comm::check_mpi(MPI_Barrier(MPI_COMM_WORLD), "waiting for the run directory");
+    Logs logs;
+    logs.rank_file.open(result.run_dir / "logs" / fmt::format("rank-{}.log", rank));
+    if (!logs.rank_file) {
+        throw Error(ErrorKind::kIo, fmt::format("cannot write logs under '{}'; give a writable "
+                                                "--out directory",
+                                                result.run_dir.string()));
+    }
+    if (rank == 0)
+        logs.progress = &log;
+
+    std::optional<double> ratio = options.comm_compute_ratio;
+    if (!ratio && result.proxy)
+        ratio = 1.0;  // the embedded default studies a balanced cluster
+    std::vector<std::string> link;
+    if (ratio) {
+        result.calibration = calibrate(options, *ratio, world, logs);
+        link = link_overrides(*result.calibration);
+    }
+
+    std::vector<BenchSchedule> schedules;
+    if (options.compare) {
+        schedules = compare_schedules();
+    } else {
+        const std::string name = schedule_name_of(result.config);
+        for (const BenchSchedule& s : compare_schedules())
+            if (s.name == name)
+                schedules.push_back(s);
+    }
+    for (const BenchSchedule& s : schedules) {
+        ScheduleRun run;
+        run.schedule = s;
+        run.config = finalized_or_throw(sources_for(options, &s, link), world, s.name);
+        if (rank == 0) {
+            config::ValidationReport report;
+            report.config = run.config;
+            report.target = "epo cpu runtime";
+            logs.rank_file << "# run: " << s.name << "\n" << config::format_run_log(report);
+            std::filesystem::create_directories(result.run_dir / "configs");
+            config::save_yaml(run.config, result.run_dir / "configs" / (s.name + ".yaml"));
+        }
+        result.runs.push_back(std::move(run));
+    }
+    // The subject's finalized configuration, with the link settings the runs used.
+    result.config = result.runs.back().config;
+    if (rank == 0)
+        config::save_yaml(result.config, result.run_dir / "config.yaml");
+
+    result.repeats = options.repeats > 0 ? options.repeats : (options.compare ? 3 : 1);
+    result.warmup_steps = options.warmup_steps;
+    const int64_t steps = result.config.train.train_iters;
+    const int64_t total_steps = steps * result.repeats * static_cast<int64_t>(result.runs.size());
+    int64_t steps_done = 0;
+    const auto measure_t0 = Clock::now();
+    const size_t n = result.runs.size();
+    for (int rep = 0; rep < result.repeats; ++rep) {
+        for (size_t k = 0; k < n; ++k) {
+            // Rotate the order so no schedule always runs first (or right after another).
+            ScheduleRun& run = result.runs[(k + static_cast<size_t>(rep)) % n];
+            reset_peak_rss();
+            train::Trainer trainer(run.config, {.keep_records = true});
+            run.calls = trainer.schedule_calls();
+            const StepWork work = step_work(run.config, trainer);
+            run.losses.emplace_back();
+            run.grad_norms.emplace_back();
+            run.steps_planned += steps;
+            for (int64_t i = 0; i < steps; ++i) {
+                train::StepResult r = trainer.step();
+                const StepMetrics m = gather_step_metrics(work, r);
+                run.losses.back().push_back(r.lm_loss);
+                run.grad_norms.back().push_back(r.grad_norm);
+                run.steps_completed += 1;
+                run.peak_rss_bytes = std::max(run.peak_rss_bytes, m.peak_rss_bytes);
+                ++steps_done;
+                const bool warm_up = i < options.warmup_steps;
+                if (!warm_up) {
+                    run.measured.push_back(m);
+                    add_node_stats(run.nodes, r.records);
+                    run.measured_records.push_back(std::move(r.records));
+                }
+                const double elapsed = since(measure_t0);
+                const double left = elapsed / static_cast<double>(steps_done) *
+                                    static_cast<double>(total_steps - steps_done);
+                logs.rank_file << fmt::format(
+                    "{} repeat {} step {}: {:.4f} s (this rank {:.4f} s, compute {:.4f}, comm "
+                    "{:.4f}, exposed {:.4f}), loss {:.6f}{}\n",
+                    run.schedule.name, rep + 1, i + 1, m.step_time_s,
+                    m.ranks[static_cast<size_t>(rank)].step_time_s,
+                    m.ranks[static_cast<size_t>(rank)].compute_busy_s,
+                    m.ranks[static_cast<size_t>(rank)].comm_busy_s,
+                    m.ranks[static_cast<size_t>(rank)].exposed_comm_s, r.lm_loss,
+                    warm_up ? " (warm-up)" : "");
+                if (logs.progress) {
+                    *logs.progress
+                        << fmt::format(
+                               "[bench] {:<20} repeat {}/{} step {}/{}: {:.3f} s{}  ({}/{} steps, "
+                               "elapsed {}, about {} left)\n",
+                               run.schedule.name, rep + 1, result.repeats, i + 1, steps,
+                               m.step_time_s, warm_up ? " (warm-up)" : "", steps_done, total_steps,
+                               format_duration(elapsed), format_duration(left))
+                        << std::flush;
+                }
+            }
+        }
+    }
+    for (ScheduleRun& run : result.runs)
+        run.durations = median_call_durations(run.measured_records);
+    derive(result);
+    result.wall_s = since(t0);
+    logs.rank_file << fmt::format("rank {} done: {} steps in {:.1f} s\n", rank, steps_done,
+                                  result.wall_s)
+                   << std::flush;
+    return result;
+}
+
+}  // namespace epo::bench

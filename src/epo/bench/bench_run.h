@@ -1,0 +1,120 @@
+// `epo bench` as a library function: every rank of an MPI job calls run_bench() with the same
+// options. It builds and checks the configuration (refusing anything the runtime does not
+// execute before any rank works), optionally calibrates the link model to a
+// communication/compute ratio, then trains each schedule for the configured number of steps
+// with a fresh Trainer per run:
+//
+//   baseline              overlap off
+//   overlap               comm_overlap.overlap_moe_expert_parallel_comm = true
+//   overlap+delay_wgrad   the same with comm_overlap.delay_wgrad_compute = true
+//
+// `compare` runs all three, `repeats` times, rotating which goes first in each repeat, so slow
+// phases of a shared machine fall on every schedule alike; without it, the one schedule the
+// configuration selects runs. Warm-up steps count for the loss trajectory but not for timing.
+//
+// Link calibration (comm_compute_ratio = R): a baseline with the link model off measures the
+// compute stream's busy time C and the bytes each all-to-all moves; the inter-node bandwidth
+// (intra-node on a single node) is then set so the modelled communication of a step is R * C
+// (latency kept as configured). The chosen settings go into every run's configuration.
+//
+// Outputs are written by bench_report.h; this file only measures.
+#pragma once
+
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epo/bench/metrics.h"
+#include "epo/config/builder.h"
+#include "epo/config/config.h"
+
+namespace epo::bench {
+
+struct BenchSchedule {
+    std::string name;  // "baseline", "overlap", "overlap+delay_wgrad"
+    bool overlap = false;
+    bool delay_wgrad = false;
+};
+
+const std::vector<BenchSchedule>& compare_schedules();
+
+// The embedded default (no --model, no config file): a small proxy of qwen3-30b-a3b with its
+// real layer widths, as a YAML layer over the recipe, so harness flags and KEY=VALUE still win.
+extern const char* const kProxyRecipe;
+const std::string& proxy_yaml();
+// `sources` with the proxy layer added when they name neither a model nor a config file.
+config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy = nullptr);
+
+struct BenchOptions {
+    config::ConfigSources sources;
+    bool compare = false;
+    int repeats = 0;  // 0: 3 with compare, else 1
+    int warmup_steps = 1;
+    std::optional<double> comm_compute_ratio;
+    std::optional<std::filesystem::path> out_dir;  // default: <logger.log_dir>/<time>-bench
+};
+
+struct LinkCalibration {
+    double target_ratio = 0;
+    double compute_s = 0;          // baseline compute-stream busy per step, link model off
+    double comm_s_unmodelled = 0;  // comm-stream busy per step, link model off
+    double modelled_bytes = 0;     // per step: sum over all-to-alls of max(sent, received)
+    int64_t num_collectives = 0;   // per step
+    bool inter_node = true;        // which bandwidth was set
+    double inter_node_gbps = 0;
+    double intra_node_gbps = 0;
+    double latency_us = 0;
+};
+
+struct ScheduleRun {
+    BenchSchedule schedule;
+    config::Config config;                        // finalized
+    std::vector<std::vector<double>> losses;      // [repeat][step]
+    std::vector<std::vector<double>> grad_norms;  // [repeat][step]
+    std::vector<StepMetrics> measured;            // warm-up excluded, every repeat
+    int64_t steps_planned = 0;
+    int64_t steps_completed = 0;
+    int64_t peak_rss_bytes = 0;         // largest over ranks and repeats
+    int64_t peak_activation_bytes = 0;  // largest over ranks and steps
+    NodeStatsMap nodes;                 // this rank, summed over the measured steps
+    std::vector<std::vector<runtime::TaskRecord>> measured_records;  // this rank, per step
+    std::vector<schedule::NodeCall> calls;
+    CallDurations durations;  // this rank: medians over measured steps
+
+    Summary step_time_s;
+    double tokens_per_s = 0, tflops_per_rank = 0;          // at the median step time
+    double compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // medians
+    std::optional<double> critical_path_bound_s;           // overlap runs: largest over ranks
+    std::optional<double> overlap_efficiency;
+    std::optional<double> speedup_vs_baseline;  // baseline median / this median
+    bool repeats_identical = true;              // every repeat the same losses, bit for bit
+    bool losses_match_baseline = true;
+};
+
+struct BenchResult {
+    std::filesystem::path run_dir;
+    config::Config config;  // the subject: what --moe_a2a_overlap / the config selects
+    bool proxy = false;
+    std::vector<ScheduleRun> runs;
+    std::optional<LinkCalibration> calibration;
+    int repeats = 1;
+    int warmup_steps = 0;
+    bool loss_bitwise_identical = true;
+    std::optional<double> overlap_speedup;     // baseline median / "overlap" median
+    std::optional<double> overlap_efficiency;  // of the "overlap" run
+    double wall_s = 0;
+};
+
+// The finalized, runtime-valid configuration of the subject run for `world_size` ranks, or an
+// epo::Error whose message lists each problem with its id and fix. Refuses the flex dispatcher
+// (RT017) whatever the device: the runtime has no flex dispatcher, and silently running
+// alltoall instead would measure something else. Same on every rank; no MPI needed.
+config::Config check_bench_config(const BenchOptions& options, int world_size);
+
+// Collective over MPI_COMM_WORLD. `log` receives rank 0's progress; every rank also writes its
+// own log to <run_dir>/logs/rank-R.log.
+BenchResult run_bench(const BenchOptions& options, std::ostream& log);
+
+}  // namespace epo::bench

@@ -1,0 +1,266 @@
+#include "epo/bench/check_run.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "epo/config/validate.h"
+#include "epo/config/yaml_io.h"
+#include "epo/core/error.h"
+
+namespace epo::bench {
+namespace {
+
+std::string read_all(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    if (!in)
+        return {};
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+int count_of(const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1))
+        ++n;
+    return n;
+}
+
+struct RunDir {
+    std::filesystem::path dir;
+    nlohmann::json metrics;  // null if missing or malformed
+    std::string metrics_problem;
+    std::string rank0_log;
+};
+
+Criterion finalized(const RunDir& d, std::optional<config::Config>& cfg) {
+    Criterion c{"configuration finalized without errors", false, ""};
+    try {
+        cfg = config::config_from_yaml(config::read_text_file(d.dir / "config.yaml"),
+                                       {(d.dir / "config.yaml").string()});
+    } catch (const Error& e) {
+        c.detail = fmt::format("config.yaml does not load: {}", e.what());
+        return c;
+    }
+    const config::ValidationReport report = config::validate_for_run(*cfg);
+    if (!report.ok()) {
+        c.detail = fmt::format("config.yaml fails validation with {} error(s), first {}: {}",
+                               report.errors.size(), report.errors[0].id, report.errors[0].message);
+        return c;
+    }
+    const int runs = d.metrics.is_object() ? static_cast<int>(d.metrics["runs"].size()) : 1;
+    const int ok = count_of(d.rank0_log, "# epo: configuration finalized, no error");
+    const int bad = count_of(d.rank0_log, "# epo: configuration finalized with");
+    if (ok < runs || bad > 0) {
+        c.detail = fmt::format(
+            "logs/rank-0.log has {} clean finalization(s) for {} run(s) and "
+            "{} with errors",
+            ok, runs, bad);
+        return c;
+    }
+    c.pass = true;
+    c.detail = fmt::format("config.yaml valid; {} run(s) logged as finalized with no error", ok);
+    return c;
+}
+
+Criterion overlap_flags(const RunDir& d, const std::optional<config::Config>& cfg) {
+    Criterion c{"overlap flags true in the logged config", false, ""};
+    if (!cfg) {
+        c.detail = "no loadable config.yaml";
+        return c;
+    }
+    const bool yaml_ok =
+        cfg->model.overlap_moe_expert_parallel_comm && cfg->model.delay_wgrad_compute;
+    const bool log_ok = count_of(d.rank0_log, "overlap_moe_expert_parallel_comm: true") > 0 &&
+                        count_of(d.rank0_log, "delay_wgrad_compute: true") > 0;
+    c.pass = yaml_ok && log_ok;
+    c.detail = fmt::format(
+        "config.yaml: overlap_moe_expert_parallel_comm={}, "
+        "delay_wgrad_compute={}; rank-0 log {}",
+        cfg->model.overlap_moe_expert_parallel_comm, cfg->model.delay_wgrad_compute,
+        log_ok ? "shows both true" : "does not show both true");
+    return c;
+}
+
+Criterion flex_logged(const RunDir& d, const std::optional<config::Config>& cfg) {
+    Criterion c{"dispatcher type and backend logged when flex is used", false, ""};
+    if (!cfg) {
+        c.detail = "no loadable config.yaml";
+        return c;
+    }
+    if (cfg->model.moe_token_dispatcher_type != config::DispatcherType::kFlex) {
+        c.pass = true;
+        c.detail = "flex not used";
+        return c;
+    }
+    c.pass = count_of(d.rank0_log, "moe_token_dispatcher_type: flex") > 0 &&
+             (count_of(d.rank0_log, "moe_flex_dispatcher_backend: deepep") > 0 ||
+              count_of(d.rank0_log, "moe_flex_dispatcher_backend: hybridep") > 0);
+    c.detail = c.pass ? "logged" : "flex in config.yaml but type/backend missing from the log";
+    return c;
+}
+
+Criterion steps_completed(const RunDir& d) {
+    Criterion c{"every step completed", false, ""};
+    if (!d.metrics.is_object()) {
+        c.detail = d.metrics_problem;
+        return c;
+    }
+    const int64_t per_run = d.metrics.value("steps_per_run", int64_t{0});
+    for (const auto& r : d.metrics["runs"]) {
+        const int64_t planned = r.value("steps_planned", int64_t{-1});
+        const int64_t done = r.value("steps_completed", int64_t{-2});
+        const auto& losses = r["losses"];
+        bool finite = losses.is_array() && static_cast<int64_t>(losses.size()) == per_run;
+        if (finite)
+            for (const auto& l : losses)
+                finite = finite && l.is_number() && std::isfinite(l.get<double>());
+        if (planned <= 0 || done != planned || !finite) {
+            c.detail = fmt::format("run {}: {} of {} steps, {} losses for {} steps per run{}",
+                                   r.value("name", "?"), done, planned,
+                                   losses.is_array() ? losses.size() : 0, per_run,
+                                   finite ? "" : " (missing or not finite)");
+            return c;
+        }
+    }
+    c.pass = !d.metrics["runs"].empty();
+    c.detail =
+        c.pass ? fmt::format("{} run(s) x {} steps", d.metrics["runs"].size(), per_run) : "no runs";
+    return c;
+}
+
+Criterion no_hang(const RunDir& d) {
+    Criterion c{"no hang", false, ""};
+    if (!d.metrics.is_object() || !d.metrics.value("completed", false)) {
+        c.detail =
+            d.metrics.is_object() ? "metrics.json does not say completed" : d.metrics_problem;
+        return c;
+    }
+    const int world = d.metrics.value("world_size", 0);
+    for (int r = 0; r < world; ++r) {
+        const std::string log = read_all(d.dir / "logs" / fmt::format("rank-{}.log", r));
+        if (log.find(fmt::format("rank {} done:", r)) == std::string::npos) {
+            c.detail = fmt::format("logs/rank-{}.log does not end with rank {} done", r, r);
+            return c;
+        }
+    }
+    c.pass = world > 0;
+    c.detail = fmt::format("all {} ranks finished in {:.1f} s", world,
+                           d.metrics.value("wall_time_s", 0.0));
+    return c;
+}
+
+const nlohmann::json* find_run(const nlohmann::json& m, const std::string& name) {
+    for (const auto& r : m["runs"])
+        if (r.value("name", "") == name)
+            return &r;
+    return nullptr;
+}
+
+Criterion losses_identical(const RunDir& d) {
+    Criterion c{"loss trajectory identical to the baseline", false, ""};
+    if (!d.metrics.is_object()) {
+        c.detail = d.metrics_problem;
+        return c;
+    }
+    const nlohmann::json* base = find_run(d.metrics, "baseline");
+    if (!base) {
+        c.detail = "no baseline run to compare with (run epo bench --compare)";
+        return c;
+    }
+    for (const auto& r : d.metrics["runs"]) {
+        const auto& a = (*base)["losses"];
+        const auto& b = r["losses"];
+        for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+            if (i >= a.size() || i >= b.size() || a[i].get<double>() != b[i].get<double>()) {
+                c.detail = fmt::format("run {} differs from the baseline at step {}",
+                                       r.value("name", "?"), i + 1);
+                return c;
+            }
+        }
+        if (!r.value("repeats_identical", false)) {
+            c.detail = fmt::format("run {}: repeats gave different losses", r.value("name", "?"));
+            return c;
+        }
+    }
+    c.pass = true;
+    c.detail = fmt::format("{} run(s) bit-identical over {} steps", d.metrics["runs"].size(),
+                           (*base)["losses"].size());
+    return c;
+}
+
+Criterion throughput(const RunDir& d) {
+    Criterion c{"throughput improved or not reduced", false, ""};
+    if (!d.metrics.is_object()) {
+        c.detail = d.metrics_problem;
+        return c;
+    }
+    const nlohmann::json* base = find_run(d.metrics, "baseline");
+    if (!base) {
+        c.detail = "no baseline run to compare with (run epo bench --compare)";
+        return c;
+    }
+    const double t_base = (*base)["step_time_s"].value("median", 0.0);
+    std::string detail;
+    bool pass = t_base > 0, any = false;
+    for (const auto& r : d.metrics["runs"]) {
+        if (r.value("name", "") == "baseline")
+            continue;
+        any = true;
+        const double t = r["step_time_s"].value("median", 0.0);
+        const bool ok = t > 0 && t <= t_base * (1 + kThroughputTolerance);
+        pass = pass && ok;
+        detail += fmt::format("{}{} {:.2f}x", detail.empty() ? "" : ", ", r.value("name", "?"),
+                              t > 0 ? t_base / t : 0.0);
+    }
+    c.pass = pass && any;
+    c.detail = any ? detail + fmt::format(" of the baseline's speed (at least {:.2f}x needed)",
+                                          1 / (1 + kThroughputTolerance))
+                   : "no overlap run";
+    return c;
+}
+
+}  // namespace
+
+std::vector<Criterion> check_run_dir(const std::filesystem::path& dir) {
+    RunDir d;
+    d.dir = dir;
+    const std::string text = read_all(dir / "metrics.json");
+    if (text.empty()) {
+        d.metrics_problem = fmt::format("no metrics.json in '{}'", dir.string());
+    } else {
+        d.metrics = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+        if (!d.metrics.is_object() || !d.metrics["runs"].is_array()) {
+            d.metrics = nullptr;
+            d.metrics_problem = "metrics.json is malformed";
+        }
+    }
+    d.rank0_log = read_all(dir / "logs" / "rank-0.log");
+    std::optional<config::Config> cfg;
+    std::vector<Criterion> out;
+    out.push_back(finalized(d, cfg));
+    out.push_back(overlap_flags(d, cfg));
+    out.push_back(flex_logged(d, cfg));
+    out.push_back(steps_completed(d));
+    out.push_back(no_hang(d));
+    out.push_back(losses_identical(d));
+    out.push_back(throughput(d));
+    return out;
+}
+
+std::string format_verdicts(const std::vector<Criterion>& criteria) {
+    std::string out;
+    int failed = 0;
+    for (const Criterion& c : criteria) {
+        out += fmt::format("{}  {}: {}\n", c.pass ? "PASS" : "FAIL", c.name, c.detail);
+        failed += !c.pass;
+    }
+    out += failed == 0 ? "verdict: PASS (every criterion met)\n"
+                       : fmt::format("verdict: FAIL ({} of {} criteria not met)\n", failed,
+                                     criteria.size());
+    return out;
+}
+
+}  // namespace epo::bench

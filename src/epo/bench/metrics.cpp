@@ -1,0 +1,208 @@
+#include "epo/bench/metrics.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "epo/comm/mpi_runtime.h"
+#include "epo/config/config.h"
+#include "epo/core/error.h"
+#include "epo/schedule/critical_path.h"
+
+namespace epo::bench {
+namespace {
+
+// "VmHWM:   123456 kB" -> bytes; 0 if the field is absent.
+int64_t status_field_bytes(const std::string& field) {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind(field + ":", 0) == 0) {
+            std::istringstream fields(line.substr(field.size() + 1));
+            int64_t kib = 0;
+            fields >> kib;
+            return kib * 1024;
+        }
+    }
+    return 0;
+}
+
+double seconds(int64_t start_ns, int64_t end_ns) {
+    return static_cast<double>(end_ns - start_ns) * 1e-9;
+}
+
+double median_of(std::vector<double> v) {
+    if (v.empty())
+        return 0;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The name of the backward call of the same micro-batch, layer and node with its weight
+// gradients included, i.e. as the baseline schedule names it.
+std::string undelayed_backward_name(schedule::NodeCall call) {
+    call.phase = schedule::Phase::kBackward;
+    call.wgrad_delayed = false;
+    return schedule::call_name(call);
+}
+
+double lookup(const CallDurations& durations, const std::string& name, const char* which) {
+    const auto it = durations.find(name);
+    if (it == durations.end()) {
+        throw Error(ErrorKind::kInternal,
+                    fmt::format("no measured duration of '{}' in the {} run", name, which));
+    }
+    return it->second;
+}
+
+}  // namespace
+
+int64_t peak_rss_bytes() {
+    return status_field_bytes("VmHWM");
+}
+
+int64_t current_rss_bytes() {
+    return status_field_bytes("VmRSS");
+}
+
+bool reset_peak_rss() {
+    std::ofstream out("/proc/self/clear_refs");
+    out << "5";
+    out.flush();
+    return static_cast<bool>(out);
+}
+
+StepWork step_work(const config::Config& cfg, const train::Trainer& trainer) {
+    return StepWork{.tokens = static_cast<double>(config::global_batch_size(cfg)) *
+                              static_cast<double>(cfg.model.seq_length),
+                    .flops = trainer.step_flops()};
+}
+
+StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result) {
+    // Fixed layout of one rank's numbers, gathered as doubles (byte counts stay exact below 2^53).
+    constexpr int kFields = 6;
+    const double mine[kFields] = {result.step_time_s,
+                                  result.compute_busy_s,
+                                  result.comm_busy_s,
+                                  result.exposed_comm_s,
+                                  static_cast<double>(result.peak_activation_bytes),
+                                  static_cast<double>(peak_rss_bytes())};
+    const int world = comm::current_world_size();
+    std::vector<double> all(static_cast<size_t>(world * kFields));
+    comm::check_mpi(
+        MPI_Allgather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, MPI_COMM_WORLD),
+        "gathering the step metrics");
+
+    StepMetrics m;
+    m.step = result.step;
+    m.lm_loss = result.lm_loss;
+    m.grad_norm = result.grad_norm;
+    for (int r = 0; r < world; ++r) {
+        const double* f = &all[static_cast<size_t>(r * kFields)];
+        RankStepMetrics rank{.step_time_s = f[0],
+                             .compute_busy_s = f[1],
+                             .comm_busy_s = f[2],
+                             .exposed_comm_s = f[3],
+                             .peak_activation_bytes = static_cast<int64_t>(f[4]),
+                             .peak_rss_bytes = static_cast<int64_t>(f[5])};
+        m.step_time_s = std::max(m.step_time_s, rank.step_time_s);
+        m.compute_busy_s = std::max(m.compute_busy_s, rank.compute_busy_s);
+        m.comm_busy_s = std::max(m.comm_busy_s, rank.comm_busy_s);
+        m.exposed_comm_s = std::max(m.exposed_comm_s, rank.exposed_comm_s);
+        m.peak_activation_bytes = std::max(m.peak_activation_bytes, rank.peak_activation_bytes);
+        m.peak_rss_bytes = std::max(m.peak_rss_bytes, rank.peak_rss_bytes);
+        m.ranks.push_back(rank);
+    }
+    if (m.step_time_s > 0) {
+        m.tokens_per_s = work.tokens / m.step_time_s;
+        m.tflops_per_rank = work.flops / m.step_time_s / world / 1e12;
+    }
+    return m;
+}
+
+std::string node_kind_of(const std::string& record_name) {
+    if (record_name.rfind("wait ", 0) == 0)
+        return "wait";
+    std::string rest = record_name;
+    for (const char* prefix : {"mb", "layer"}) {
+        // Strip a leading "mb<digits>." / "layer<digits>." part.
+        const size_t p = std::string(prefix).size();
+        if (rest.rfind(prefix, 0) == 0 && rest.size() > p && std::isdigit(rest[p])) {
+            const size_t dot = rest.find('.');
+            if (dot != std::string::npos)
+                rest = rest.substr(dot + 1);
+        }
+    }
+    return rest;
+}
+
+void add_node_stats(NodeStatsMap& stats, const std::vector<runtime::TaskRecord>& records) {
+    for (const runtime::TaskRecord& r : records) {
+        NodeStats& s = stats[node_kind_of(r.name)];
+        s.stream = r.stream;
+        s.count += 1;
+        s.total_s += seconds(r.start_ns, r.end_ns);
+        s.bytes += r.bytes;
+    }
+}
+
+CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskRecord>>& steps) {
+    std::map<std::string, std::vector<double>> samples;
+    for (const auto& records : steps) {
+        for (const runtime::TaskRecord& r : records) {
+            if (r.kind == runtime::RecordKind::kTask)
+                samples[r.name].push_back(seconds(r.start_ns, r.end_ns));
+        }
+    }
+    CallDurations out;
+    for (auto& [name, values] : samples)
+        out[name] = median_of(std::move(values));
+    return out;
+}
+
+double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
+                             const CallDurations& baseline, const CallDurations& own) {
+    const auto duration = [&](const schedule::NodeCall& call) {
+        const std::string name = schedule::call_name(call);
+        const bool split = call.phase == schedule::Phase::kBackwardDw || call.wgrad_delayed;
+        if (!split)
+            return lookup(baseline, name, "baseline");
+        // The baseline ran input and weight gradients as one call; share its duration out in
+        // the proportion this run measured for the two halves.
+        schedule::NodeCall dgrad = call, wgrad = call;
+        dgrad.phase = schedule::Phase::kBackward;
+        dgrad.wgrad_delayed = true;
+        wgrad.phase = schedule::Phase::kBackwardDw;
+        const double d = lookup(own, schedule::call_name(dgrad), "overlap");
+        const double w = lookup(own, schedule::call_name(wgrad), "overlap");
+        const double whole = lookup(baseline, undelayed_backward_name(call), "baseline");
+        const double mine = call.phase == schedule::Phase::kBackwardDw ? w : d;
+        return d + w > 0 ? whole * mine / (d + w) : 0.0;
+    };
+    const auto opt = baseline.find("optimizer_step");
+    const double optimizer = opt == baseline.end() ? 0.0 : opt->second;
+    return schedule::critical_path_seconds(calls, duration) + optimizer;
+}
+
+std::optional<double> overlap_efficiency(double t_base, double t_overlap, double t_bound) {
+    if (!(t_base > t_bound))
+        return std::nullopt;
+    return (t_base - t_overlap) / (t_base - t_bound);
+}
+
+Summary summarize(std::vector<double> values) {
+    if (values.empty())
+        return {};
+    Summary s;
+    s.min = *std::min_element(values.begin(), values.end());
+    s.max = *std::max_element(values.begin(), values.end());
+    s.median = median_of(std::move(values));
+    return s;
+}
+
+}  // namespace epo::bench

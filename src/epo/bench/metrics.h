@@ -1,0 +1,116 @@
+// Measurements of a training run (runtime.md §7), aggregated over the ranks of the MPI job:
+// per step the step time (the slowest rank's), stream busy times, exposed communication,
+// tokens/s, model TFLOP/s per rank, peak memory; per node kind the durations and bytes of its
+// tasks; and the critical-path bound with the overlap efficiency measured against it.
+//
+// What it deliberately does not do: time anything itself. Every number comes from the Trainer's
+// StepResult and the stream task records (start/end on CLOCK_MONOTONIC, bytes moved by the
+// task's collectives), or from the kernel (/proc/self/status for resident memory).
+//
+//   tokens/s        = global_batch_size * seq_length / step_time
+//   TFLOP/s / rank  = model FLOPs of the step (train/flops.h) / step_time / ranks / 1e12
+//   efficiency      = (T_base - T_overlap) / (T_base - T_bound)
+//
+// T_bound is the time the overlap schedule would take with perfect concurrency and no
+// contention, given node durations measured in a baseline run (schedule/critical_path.h), plus
+// the baseline's optimizer step, which no schedule overlaps.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epo/comm/link_model.h"
+#include "epo/runtime/stream.h"
+#include "epo/schedule/schedule.h"
+#include "epo/train/trainer.h"
+
+namespace epo::bench {
+
+// Peak resident set size of this process so far (VmHWM), in bytes; 0 where the kernel does not
+// say.
+int64_t peak_rss_bytes();
+// Current resident set size (VmRSS), in bytes; 0 where unknown.
+int64_t current_rss_bytes();
+// Restarts the peak at the current size (writes "5" to /proc/self/clear_refs), so that the next
+// peak_rss_bytes() covers only what follows. False where the kernel refuses.
+bool reset_peak_rss();
+
+// One rank's numbers for one step.
+struct RankStepMetrics {
+    double step_time_s = 0;
+    double compute_busy_s = 0;
+    double comm_busy_s = 0;
+    double exposed_comm_s = 0;
+    int64_t peak_activation_bytes = 0;
+    int64_t peak_rss_bytes = 0;
+};
+
+// One step over all ranks. Times are the slowest rank's (the step ends when the last rank's
+// optimizer step does), busy times and memory the largest over ranks.
+struct StepMetrics {
+    int64_t step = 0;
+    double lm_loss = 0;
+    double grad_norm = 0;
+    double step_time_s = 0;
+    double compute_busy_s = 0;
+    double comm_busy_s = 0;
+    double exposed_comm_s = 0;
+    int64_t peak_activation_bytes = 0;
+    int64_t peak_rss_bytes = 0;
+    double tokens_per_s = 0;
+    double tflops_per_rank = 0;
+    std::vector<RankStepMetrics> ranks;  // index = world rank
+};
+
+// The work of one optimizer step over all ranks.
+struct StepWork {
+    double tokens = 0;  // global_batch_size * seq_length
+    double flops = 0;   // model FLOPs (Trainer::step_flops)
+};
+StepWork step_work(const config::Config& cfg, const train::Trainer& trainer);
+
+// Collective over MPI_COMM_WORLD: every rank passes its own step; all get the same result.
+StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result);
+
+// "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "wait mb3" -> "wait";
+// "optimizer_step" stays.
+std::string node_kind_of(const std::string& record_name);
+
+// Per node kind: how many tasks, how long, how many bytes.
+struct NodeStats {
+    std::string stream;
+    int64_t count = 0;
+    double total_s = 0;
+    comm::ByteCounts bytes;
+};
+using NodeStatsMap = std::map<std::string, NodeStats>;  // key: node kind
+
+// Adds one step's records of this rank to `stats`.
+void add_node_stats(NodeStatsMap& stats, const std::vector<runtime::TaskRecord>& records);
+
+// Per call name ("mb0.layer1.mlp.forward"), the median duration in seconds over the steps given
+// (each a step's records of this rank). Waits are left out.
+using CallDurations = std::map<std::string, double>;
+CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskRecord>>& steps);
+
+// The critical-path bound of `calls` on this rank, from node durations measured in a baseline
+// run. A call the baseline does not have (the input-gradient half of a delayed weight gradient,
+// and the delayed weight gradient itself) gets the baseline's duration of the whole backward of
+// that node, split in the proportion the run itself measured (`own`). The baseline's
+// "optimizer_step" is added at the end. Raises epo::Error (kInternal) if a duration is missing.
+double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
+                             const CallDurations& baseline, const CallDurations& own);
+
+// (T_base - T_overlap) / (T_base - T_bound); none when the bound leaves no room (T_base <=
+// T_bound).
+std::optional<double> overlap_efficiency(double t_base, double t_overlap, double t_bound);
+
+struct Summary {
+    double median = 0, min = 0, max = 0;
+};
+Summary summarize(std::vector<double> values);  // empty -> zeros
+
+}  // namespace epo::bench

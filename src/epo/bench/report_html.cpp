@@ -1,0 +1,298 @@
+// report.html: one self-contained page (inline CSS and SVG; no script, no network) from
+// metrics.json and trace.json. See bench_report.h for what it shows.
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "epo/bench/bench_report.h"
+
+namespace epo::bench {
+namespace {
+
+std::string escape(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        switch (c) {
+            case '&':
+                out += "&amp;";
+                break;
+            case '<':
+                out += "&lt;";
+                break;
+            case '>':
+                out += "&gt;";
+                break;
+            case '"':
+                out += "&quot;";
+                break;
+            default:
+                out += c;
+        }
+    }
+    return out;
+}
+
+const char* const kRunColors[] = {"#444444", "#1f77b4", "#d62728", "#2ca02c"};
+const char* const kRunDashes[] = {"", "8 4", "2 3", "12 3 2 3"};
+
+// Colour of a slice by the node it ran ("mlp.forward" -> mlp).
+const char* node_color(const std::string& node) {
+    static const std::map<std::string, const char*> colors = {
+        {"embedding", "#9467bd"},     {"pre_dispatch", "#1f77b4"}, {"dispatch", "#ff7f0e"},
+        {"mlp", "#2ca02c"},           {"combine", "#d62728"},      {"output", "#8c564b"},
+        {"optimizer_step", "#7f7f7f"}};
+    const std::string head = node.substr(0, node.find('.'));
+    const auto it = colors.find(head);
+    return it == colors.end() ? "#bcbd22" : it->second;
+}
+
+std::string loss_svg(const nlohmann::json& runs) {
+    constexpr double kW = 720, kH = 280, kL = 60, kR = 180, kT = 15, kB = 35;
+    double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
+    size_t steps = 0;
+    for (const auto& r : runs) {
+        for (double v : r.at("losses")) {
+            lo = std::min(lo, v);
+            hi = std::max(hi, v);
+        }
+        steps = std::max(steps, r.at("losses").size());
+    }
+    if (steps == 0)
+        return "<p>No losses recorded.</p>";
+    if (hi - lo < 1e-9) {
+        lo -= 0.5;
+        hi += 0.5;
+    }
+    const auto x = [&](size_t i) {
+        return kL + (steps > 1 ? (kW - kL - kR) * static_cast<double>(i) / (steps - 1) : 0.0);
+    };
+    const auto y = [&](double v) { return kT + (kH - kT - kB) * (hi - v) / (hi - lo); };
+    std::string svg = fmt::format(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' class='plot'>\n", kW, kH);
+    svg += fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='#000'/>", kL, kH - kB,
+                       kW - kR, kH - kB);
+    svg +=
+        fmt::format("<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='#000'/>\n", kL, kT, kL, kH - kB);
+    for (int t = 0; t <= 4; ++t) {
+        const double v = lo + (hi - lo) * t / 4;
+        svg += fmt::format("<text x='{}' y='{}' text-anchor='end' class='tick'>{:.4f}</text>",
+                           kL - 4, y(v) + 4, v);
+    }
+    for (size_t i = 0; i < steps; ++i) {
+        svg += fmt::format("<text x='{}' y='{}' text-anchor='middle' class='tick'>{}</text>", x(i),
+                           kH - kB + 15, i + 1);
+    }
+    svg += fmt::format("<text x='{}' y='{}' text-anchor='middle'>step</text>\n", (kL + kW - kR) / 2,
+                       kH - 3);
+    size_t k = 0;
+    for (const auto& r : runs) {
+        std::string points;
+        const auto& losses = r.at("losses");
+        for (size_t i = 0; i < losses.size(); ++i)
+            points += fmt::format("{:.1f},{:.1f} ", x(i), y(losses[i].get<double>()));
+        const size_t c = k % 4;
+        svg += fmt::format(
+            "<polyline fill='none' stroke='{}' stroke-width='2' stroke-dasharray='{}' "
+            "points='{}'><title>{}</title></polyline>\n",
+            kRunColors[c], kRunDashes[c], points, escape(r.at("name")));
+        svg += fmt::format(
+            "<line x1='{}' y1='{}' x2='{}' y2='{}' stroke='{}' stroke-width='2' "
+            "stroke-dasharray='{}'/><text x='{}' y='{}'>{}</text>\n",
+            kW - kR + 10, kT + 10 + 18 * k, kW - kR + 40, kT + 10 + 18 * k, kRunColors[c],
+            kRunDashes[c], kW - kR + 45, kT + 14 + 18 * k, escape(r.at("name")));
+        ++k;
+    }
+    return svg + "</svg>\n";
+}
+
+struct Slice {
+    std::string name, node, cat;
+    int tid = 0;
+    double ts = 0, dur = 0;
+};
+
+struct Process {
+    std::string name;
+    std::vector<Slice> slices;
+};
+
+std::map<int, Process> processes_of(const nlohmann::json& trace) {
+    std::map<int, Process> out;
+    for (const auto& e : trace.at("traceEvents")) {
+        const int pid = e.at("pid");
+        if (e.at("ph") == "M" && e.at("name") == "process_name") {
+            out[pid].name = e.at("args").at("name");
+        } else if (e.at("ph") == "X") {
+            const auto& args = e.value("args", nlohmann::json::object());
+            out[pid].slices.push_back({e.at("name"), args.value("node", ""), e.value("cat", ""),
+                                       e.at("tid"), e.at("ts"), e.at("dur")});
+        }
+    }
+    return out;
+}
+
+std::string timeline_svg(const std::vector<const Process*>& ranks, double t0, double scale_us) {
+    constexpr double kW = 960, kL = 120, kLane = 20, kGap = 6;
+    const double lanes = 2.0 * static_cast<double>(ranks.size());
+    const double h = lanes * kLane + static_cast<double>(ranks.size()) * kGap + 25;
+    std::string svg = fmt::format(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' class='plot'>\n", kW, h);
+    const double px_per_us = (kW - kL - 10) / scale_us;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+        const double base = static_cast<double>(r) * (2 * kLane + kGap);
+        const std::string rank_label = ranks[r]->name.substr(ranks[r]->name.rfind("rank"));
+        for (int tid = 0; tid < 2; ++tid) {
+            svg += fmt::format("<text x='4' y='{}' class='lane'>{} {}</text>",
+                               base + tid * kLane + 14, rank_label, tid == 0 ? "compute" : "comm");
+            svg += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='#f4f4f4'/>\n", kL,
+                               base + tid * kLane + 1, kW - kL - 10, kLane - 2);
+        }
+        for (const Slice& s : ranks[r]->slices) {
+            if (s.tid > 1)
+                continue;
+            const bool wait = s.cat == "wait";
+            const double x = kL + (s.ts - t0) * px_per_us;
+            const double w = std::max(0.5, s.dur * px_per_us);
+            const double y = base + s.tid * kLane + (wait ? 8 : 2);
+            svg += fmt::format(
+                "<rect x='{:.2f}' y='{:.1f}' width='{:.2f}' height='{}' fill='{}'{}><title>{} "
+                "({:.2f} ms)</title></rect>\n",
+                x, y, w, wait ? 4 : kLane - 4, wait ? "#bbbbbb" : node_color(s.node),
+                wait ? "" : " stroke='#fff' stroke-width='0.3'", escape(s.name), s.dur / 1e3);
+        }
+    }
+    const double axis_y = h - 8;
+    for (int t = 0; t <= 5; ++t) {
+        const double us = scale_us * t / 5;
+        svg += fmt::format(
+            "<text x='{:.1f}' y='{}' text-anchor='middle' class='tick'>{:.0f} "
+            "ms</text>",
+            kL + us * px_per_us, axis_y, us / 1e3);
+    }
+    return svg + "</svg>\n";
+}
+
+std::string timelines(const nlohmann::json& metrics, const nlohmann::json& trace) {
+    const std::map<int, Process> procs = processes_of(trace);
+    struct Group {
+        std::string name;
+        std::vector<const Process*> ranks;
+        double t0 = 0, t1 = 0;
+    };
+    std::vector<Group> groups;
+    double scale = 1;
+    for (const auto& r : metrics.at("runs")) {
+        Group g{r.at("name"), {}, std::numeric_limits<double>::max(), 0};
+        for (const auto& [pid, p] : procs) {
+            if (p.name.rfind(g.name + " rank ", 0) != 0)
+                continue;
+            g.ranks.push_back(&p);
+            for (const Slice& s : p.slices) {
+                g.t0 = std::min(g.t0, s.ts);
+                g.t1 = std::max(g.t1, s.ts + s.dur);
+            }
+        }
+        if (g.ranks.empty())
+            continue;
+        scale = std::max(scale, g.t1 - g.t0);
+        groups.push_back(std::move(g));
+    }
+    std::string html;
+    for (const Group& g : groups) {
+        html += fmt::format("<h3>{}: {:.1f} ms</h3>\n", escape(g.name), (g.t1 - g.t0) / 1e3);
+        html += timeline_svg(g.ranks, g.t0, scale);
+    }
+    html += "<p class='legend'>";
+    for (const char* node :
+         {"embedding", "pre_dispatch", "dispatch", "mlp", "combine", "output", "optimizer_step"}) {
+        html += fmt::format("<span style='background:{}'>&nbsp;&nbsp;&nbsp;</span> {} &nbsp; ",
+                            node_color(node), node);
+    }
+    html +=
+        "<span style='background:#bbbbbb'>&nbsp;&nbsp;&nbsp;</span> stream waiting on the "
+        "other stream (exposed communication on the compute track)</p>\n";
+    return html;
+}
+
+std::string summary_table(const nlohmann::json& m) {
+    std::string t =
+        "<table><tr><th>schedule</th><th>step time s<br>median [min, max]</th><th>tokens/s</th>"
+        "<th>TFLOP/s<br>per rank</th><th>compute s</th><th>comm s</th><th>exposed comm s</th>"
+        "<th>speedup</th><th>overlap<br>efficiency</th><th>critical-path<br>bound s</th>"
+        "<th>peak RSS<br>GiB</th><th>peak activations<br>MiB</th><th>losses</th></tr>\n";
+    const auto opt = [](const nlohmann::json& v, const char* spec) {
+        return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(spec), v.get<double>());
+    };
+    for (const auto& r : m.at("runs")) {
+        const auto& st = r.at("step_time_s");
+        const std::string name = r.at("name");
+        t += fmt::format(
+            "<tr><td>{}</td><td>{:.3f} [{:.3f}, {:.3f}]</td><td>{:.0f}</td><td>{:.3f}</td>"
+            "<td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{}</td><td>{}</td><td>{}</td>"
+            "<td>{:.2f}</td><td>{:.1f}</td><td>{}</td></tr>\n",
+            escape(name), st.at("median").get<double>(), st.at("min").get<double>(),
+            st.at("max").get<double>(), r.at("tokens_per_s").get<double>(),
+            r.at("tflops_per_rank").get<double>(), r.at("compute_s").get<double>(),
+            r.at("comm_s").get<double>(), r.at("exposed_comm_s").get<double>(),
+            opt(r.at("speedup_vs_baseline"), "{:.2f}x"), opt(r.at("overlap_efficiency"), "{:.2f}"),
+            opt(r.at("critical_path_bound_s"), "{:.3f}"),
+            r.at("peak_rss_bytes").get<double>() / (1024.0 * 1024 * 1024),
+            r.at("peak_activation_bytes").get<double>() / (1024.0 * 1024),
+            name == "baseline"                          ? "reference"
+            : r.at("losses_match_baseline").get<bool>() ? "bit-identical"
+                                                        : "<b>different</b>");
+    }
+    return t + "</table>\n";
+}
+
+}  // namespace
+
+std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
+    const auto& link = m.at("link");
+    std::string html =
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>\n<title>epo bench: " +
+        escape(m.at("model")) +
+        "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:right}td:first-child{text-align:left}.plot{border:1px solid #ddd}"
+        ".tick{font-size:10px}.lane{font-size:11px}.legend{font-size:12px}</style>\n"
+        "</head><body>\n";
+    html += "<h1>epo bench: " + escape(m.at("model")) + "</h1>\n";
+    html += fmt::format(
+        "<p>{} ranks ({} nodes x {}), expert parallel {}, {} micro-batches of the global batch "
+        "{}, sequence {}; {} steps per run ({} warm-up), {} repeat(s). Link model: inter-node "
+        "{:.4g} Gbit/s, intra-node {:.4g} Gbit/s, latency {} us{}.</p>\n",
+        m.at("world_size").get<int>(), m.at("num_nodes").get<int>(),
+        m.at("gpus_per_node").get<int>(), m.at("expert_model_parallel_size").get<int>(),
+        m.at("num_micro_batches").get<int64_t>(), m.at("global_batch_size").get<int64_t>(),
+        m.at("seq_length").get<int64_t>(), m.at("steps_per_run").get<int64_t>(),
+        m.at("warmup_steps").get<int>(), m.at("repeats").get<int>(),
+        link.at("inter_node_gbps").get<double>(), link.at("intra_node_gbps").get<double>(),
+        link.at("latency_us").get<double>(),
+        m.at("calibration").is_null()
+            ? ""
+            : fmt::format(" (calibrated so the baseline's communication is {} x its compute)",
+                          m.at("calibration").at("target_ratio").get<double>()));
+    html += "<h2>Summary</h2>\n" + summary_table(m);
+    const auto opt = [](const nlohmann::json& v, const char* spec) {
+        return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(spec), v.get<double>());
+    };
+    html += fmt::format(
+        "<p><b>Overlap speedup {}</b> (baseline over overlap, median step times); overlap "
+        "efficiency {} against the critical-path bound; loss trajectories bit-identical: "
+        "<b>{}</b>.</p>\n",
+        opt(m.at("overlap_speedup"), "{:.2f}x"), opt(m.at("overlap_efficiency"), "{:.2f}"),
+        m.at("loss_bitwise_identical").get<bool>() ? "yes" : "NO");
+    html +=
+        "<h2>Loss per step</h2>\n<p>Every run's training loss (first repeat); identical "
+        "trajectories lie on top of each other.</p>\n" +
+        loss_svg(m.at("runs"));
+    html +=
+        "<h2>One measured step of each schedule</h2>\n<p>Both streams of every rank, one "
+        "time scale for all schedules. Hover a slice for its node, layer and micro-batch."
+        "</p>\n" +
+        timelines(m, trace);
+    return html + "</body></html>\n";
+}
+
+}  // namespace epo::bench

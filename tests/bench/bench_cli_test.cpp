@@ -1,0 +1,126 @@
+// The `epo bench` and `epo check-run` command lines, run as a user runs them: bad input is
+// refused before any rank starts (no launcher line, no run directory), and a small --compare
+// run started by epo itself through mpirun leaves a run directory that check-run passes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "epo/comm/launch.h"
+
+namespace epo::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The epo binary of the same build tree as this test: <build>/bin/epo.
+std::string epo_binary() {
+    return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "bin" / "epo")
+        .string();
+}
+
+comm::LaunchResult epo(std::vector<std::string> args, double timeout_s = 60) {
+    args.insert(args.begin(), epo_binary());
+    return comm::run_launch(args, timeout_s);
+}
+
+fs::path temp_dir(const std::string& tag) {
+    return fs::temp_directory_path() / ("epo_bench_cli_" + tag + "_" + std::to_string(getpid()));
+}
+
+struct Rejection {
+    std::vector<std::string> args;
+    int exit_status;
+    std::string message;  // part of stderr naming the reason
+};
+
+TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
+    const std::vector<std::string> two_nodes = {"--model", "tiny-moe",        "--num_nodes",
+                                                "2",       "--gpus_per_node", "1"};
+    const auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = two_nodes;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+    };
+    const std::vector<Rejection> cases = {
+        {{"--model", "no-such-model"}, 2, "unknown recipe 'no-such-model'"},
+        {with({"--no_such_flag"}), 2, "no_such_flag"},
+        {with({"-ep", "2", "--comm_compute_ratio", "-1"}), 2, "--comm_compute_ratio -1"},
+        {with({"-ep", "2", "--moe_flex_dispatcher_backend", "deepep"}), 1, "RT017"},
+        // 3 ranks cannot hold expert parallel 2.
+        {{"--model", "tiny-moe", "--num_nodes", "3", "--gpus_per_node", "1", "-ep", "2"},
+         1,
+         "expert_model_parallel_size"},
+        // 6 experts do not split over 4 ranks.
+        {{"--model", "tiny-moe", "--num_nodes", "4", "--gpus_per_node", "1", "-ep", "4",
+          "--num_moe_experts", "6"},
+         1,
+         "num_moe_experts"},
+        {with({"-ep", "2", "--warmup_steps", "5", "--max_steps", "5"}), 2, "--warmup_steps 5"},
+    };
+    for (const Rejection& c : cases) {
+        const fs::path out = temp_dir("rejected");
+        std::vector<std::string> args = {"bench"};
+        args.insert(args.end(), c.args.begin(), c.args.end());
+        args.insert(args.end(), {"--out", out.string()});
+        const comm::LaunchResult r = epo(args);
+        std::string line;
+        for (const auto& a : c.args)
+            line += a + " ";
+        EXPECT_EQ(r.exit_status, c.exit_status) << line << "\n" << r.stderr_text;
+        EXPECT_NE(r.stderr_text.find(c.message), std::string::npos)
+            << line << "\nstderr: " << r.stderr_text;
+        EXPECT_EQ(r.stdout_text.find("ranks ("), std::string::npos) << line;  // no launch
+        EXPECT_FALSE(fs::exists(out)) << line;
+    }
+}
+
+TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
+    const fs::path out = temp_dir("run");
+    const comm::LaunchResult r = epo({"bench",
+                                      "--model",
+                                      "tiny-moe",
+                                      "--num_nodes",
+                                      "2",
+                                      "--gpus_per_node",
+                                      "1",
+                                      "-ep",
+                                      "2",
+                                      "-gb",
+                                      "16",
+                                      "--max_steps",
+                                      "3",
+                                      "--compare",
+                                      "--repeats",
+                                      "1",
+                                      "--comm_compute_ratio",
+                                      "2",
+                                      "--out",
+                                      out.string()},
+                                     240);
+    ASSERT_EQ(r.exit_status, 0) << r.stdout_text << r.stderr_text;
+    EXPECT_NE(r.stdout_text.find("2 ranks (2 nodes x 1)"), std::string::npos) << r.stdout_text;
+    EXPECT_NE(r.stdout_text.find("overlap+delay_wgrad"), std::string::npos);
+    EXPECT_NE(r.stdout_text.find("loss trajectories bit-identical: yes"), std::string::npos)
+        << r.stdout_text;
+    EXPECT_NE(r.stdout_text.find("about"), std::string::npos);  // progress with time left
+    for (const char* f : {"metrics.json", "report.html", "trace.json", "config.yaml",
+                          "logs/rank-0.log", "logs/rank-1.log"})
+        EXPECT_TRUE(fs::exists(out / f)) << f;
+
+    const comm::LaunchResult ok = epo({"check-run", out.string()});
+    EXPECT_EQ(ok.exit_status, 0) << ok.stdout_text << ok.stderr_text;
+    EXPECT_NE(ok.stdout_text.find("verdict: PASS"), std::string::npos) << ok.stdout_text;
+
+    fs::remove(out / "logs/rank-1.log");
+    const comm::LaunchResult broken = epo({"check-run", out.string()});
+    EXPECT_EQ(broken.exit_status, 1) << broken.stdout_text;
+    EXPECT_NE(broken.stdout_text.find("FAIL  no hang"), std::string::npos) << broken.stdout_text;
+    fs::remove_all(out);
+
+    const comm::LaunchResult missing = epo({"check-run", out.string()});
+    EXPECT_EQ(missing.exit_status, 2);
+}
+
+}  // namespace
+}  // namespace epo::bench

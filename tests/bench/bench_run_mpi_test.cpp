@@ -1,0 +1,170 @@
+// `epo bench --compare` end to end on the ranks of this MPI job (tiny model, few steps): the run
+// directory's metrics.json has every field, trace.json and report.html parse, check-run passes,
+// and check-run fails on deliberately broken copies.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "epo/bench/bench_report.h"
+#include "epo/bench/bench_run.h"
+#include "epo/bench/check_run.h"
+#include "epo/comm/mpi_runtime.h"
+
+namespace epo::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_all(const fs::path& p) {
+    std::ifstream in(p);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+BenchOptions tiny_compare(const fs::path& out) {
+    const int world = comm::current_world_size();
+    BenchOptions o;
+    o.sources.model = "tiny-moe";
+    o.sources.overrides = {"comm.num_nodes=" + std::to_string(world), "comm.gpus_per_node=1",
+                           "model.expert_model_parallel_size=" + std::to_string(world),
+                           "train.global_batch_size=" + std::to_string(8 * world),
+                           "train.train_iters=4"};
+    o.compare = true;
+    o.repeats = 2;
+    o.warmup_steps = 1;
+    o.comm_compute_ratio = 1.5;
+    o.out_dir = out;
+    return o;
+}
+
+bool passed(const std::vector<Criterion>& criteria, const std::string& name) {
+    for (const Criterion& c : criteria)
+        if (c.name == name)
+            return c.pass;
+    ADD_FAILURE() << "no criterion " << name;
+    return false;
+}
+
+// A copy of `dir` with `edit` applied to it; check-run's verdicts on the copy.
+std::vector<Criterion> check_broken(const fs::path& dir, const std::string& tag,
+                                    const std::function<void(const fs::path&)>& edit) {
+    const fs::path copy = dir.string() + "-" + tag;
+    fs::remove_all(copy);
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    edit(copy);
+    auto out = check_run_dir(copy);
+    fs::remove_all(copy);
+    return out;
+}
+
+TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
+    const fs::path out = fs::temp_directory_path() / ("epo_bench_test_" + std::to_string(getpid()));
+    std::ostringstream log;
+    const BenchResult result = run_bench(tiny_compare(out), log);
+    write_bench_outputs(result, log);
+    ASSERT_EQ(result.runs.size(), 3u);
+    EXPECT_TRUE(result.loss_bitwise_identical);
+    if (comm::current_world_rank() != 0)
+        return;
+    const fs::path dir = result.run_dir;  // rank 0's choice
+
+    // metrics.json: the fields issue 8 lists.
+    const nlohmann::json m = nlohmann::json::parse(read_all(dir / "metrics.json"));
+    ASSERT_EQ(m.at("runs").size(), 3u);
+    for (const auto& r : m.at("runs")) {
+        for (const char* key :
+             {"name", "step_time_s", "tokens_per_s", "tflops_per_rank", "compute_s", "comm_s",
+              "exposed_comm_s", "peak_rss_bytes", "losses"})
+            EXPECT_TRUE(r.contains(key)) << key;
+        for (const char* key : {"median", "min", "max"})
+            EXPECT_GT(r.at("step_time_s").at(key).get<double>(), 0) << key;
+        EXPECT_EQ(r.at("losses").size(), 4u);
+        EXPECT_GT(r.at("peak_rss_bytes").get<double>(), 0);
+        EXPECT_EQ(r.at("steps_completed"), 8);  // 2 repeats x 4 steps
+    }
+    EXPECT_EQ(m.at("runs")[0].at("name"), "baseline");
+    EXPECT_GT(m.at("overlap_speedup").get<double>(), 0);
+    EXPECT_TRUE(m.contains("overlap_efficiency"));
+    EXPECT_TRUE(m.at("loss_bitwise_identical").get<bool>());
+    ASSERT_FALSE(m.at("calibration").is_null());
+    const double achieved = m.at("calibration").at("achieved_ratio").get<double>();
+    EXPECT_GT(m.at("link").at("inter_node_gbps").get<double>(), 0);
+    EXPECT_GT(achieved, 1.5 * 0.4);
+    EXPECT_LT(achieved, 1.5 * 2.5);
+
+    // trace.json parses and holds one process per schedule and rank.
+    const nlohmann::json trace = nlohmann::json::parse(read_all(dir / "trace.json"));
+    int processes = 0;
+    for (const auto& e : trace.at("traceEvents"))
+        processes += e.at("ph") == "M" && e.at("name") == "process_name";
+    EXPECT_EQ(processes, 3 * comm::current_world_size());
+
+    // report.html: one self-contained document with the loss plot and three timelines.
+    const std::string html = read_all(dir / "report.html");
+    EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+    EXPECT_NE(html.find("</html>"), std::string::npos);
+    EXPECT_EQ(html.find("<script"), std::string::npos);
+    EXPECT_EQ(html.find("src="), std::string::npos);
+    int svgs = 0;
+    for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1))
+        ++svgs;
+    EXPECT_EQ(svgs, 4);
+
+    for (const char* f : {"config.yaml", "configs/baseline.yaml", "configs/overlap.yaml",
+                          "configs/overlap+delay_wgrad.yaml", "logs/rank-0.log", "logs/rank-1.log"})
+        EXPECT_TRUE(fs::exists(dir / f)) << f;
+
+    const auto verdicts = check_run_dir(dir);
+    for (const Criterion& c : verdicts)
+        EXPECT_TRUE(c.pass) << c.name << ": " << c.detail;
+
+    // Broken copies: each fails its criterion.
+    EXPECT_FALSE(passed(check_broken(dir, "loss",
+                                     [](const fs::path& d) {
+                                         nlohmann::json j =
+                                             nlohmann::json::parse(read_all(d / "metrics.json"));
+                                         double& l = j["runs"][1]["losses"][2].get_ref<double&>();
+                                         l = std::nextafter(l, 0.0);
+                                         std::ofstream(d / "metrics.json") << j.dump();
+                                     }),
+                        "loss trajectory identical to the baseline"));
+    EXPECT_FALSE(passed(
+        check_broken(dir, "hang", [](const fs::path& d) { fs::remove(d / "logs/rank-1.log"); }),
+        "no hang"));
+    EXPECT_FALSE(passed(check_broken(dir, "steps",
+                                     [](const fs::path& d) {
+                                         nlohmann::json j =
+                                             nlohmann::json::parse(read_all(d / "metrics.json"));
+                                         j["runs"][2]["steps_completed"] = 7;
+                                         std::ofstream(d / "metrics.json") << j.dump();
+                                     }),
+                        "every step completed"));
+    EXPECT_FALSE(passed(check_broken(dir, "flags",
+                                     [](const fs::path& d) {
+                                         fs::copy_file(d / "configs/baseline.yaml",
+                                                       d / "config.yaml",
+                                                       fs::copy_options::overwrite_existing);
+                                     }),
+                        "overlap flags true in the logged config"));
+    EXPECT_FALSE(passed(
+        check_broken(dir, "slow",
+                     [](const fs::path& d) {
+                         nlohmann::json j = nlohmann::json::parse(read_all(d / "metrics.json"));
+                         j["runs"][1]["step_time_s"]["median"] =
+                             j["runs"][0]["step_time_s"]["median"].get<double>() * 1.2;
+                         std::ofstream(d / "metrics.json") << j.dump();
+                     }),
+        "throughput improved or not reduced"));
+    EXPECT_FALSE(passed(
+        check_broken(dir, "nometrics", [](const fs::path& d) { fs::remove(d / "metrics.json"); }),
+        "every step completed"));
+    fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace epo::bench

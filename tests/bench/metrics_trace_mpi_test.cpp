@@ -1,0 +1,226 @@
+// Metrics and traces of real two-rank runs of a small model: the trace file parses, slices on
+// one stream never overlap, an overlap run shows comm slices overlapping compute slices of
+// another micro-batch, and the metrics add up.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "epo/bench/metrics.h"
+#include "epo/bench/trace.h"
+#include "epo/comm/mpi_runtime.h"
+#include "epo/config/builder.h"
+#include "epo/config/validate.h"
+#include "epo/train/trainer.h"
+
+namespace epo::bench {
+namespace {
+
+config::Config small_config(bool overlap, bool delay) {
+    const int world = comm::current_world_size();
+    config::ConfigSources sources;
+    sources.model = "tiny-moe";
+    sources.overrides = {
+        "model.num_layers=2", "model.hidden_size=128", "model.kv_channels=32",
+        "model.ffn_hidden_size=256", "model.moe_ffn_hidden_size=128", "model.seq_length=64",
+        "train.micro_batch_size=2", "train.global_batch_size=" + std::to_string(2 * world * 4),
+        "comm.num_nodes=" + std::to_string(world), "comm.gpus_per_node=1",
+        "model.expert_model_parallel_size=" + std::to_string(world),
+        // Every all-to-all takes at least 3 ms: long enough to see overlap.
+        "comm.link.latency_us=3000",
+        std::string("comm_overlap.overlap_moe_expert_parallel_comm=") +
+            (overlap ? "true" : "false"),
+        std::string("comm_overlap.delay_wgrad_compute=") + (delay ? "true" : "false")};
+    const config::ValidationReport report =
+        config::validate_for_run(config::build_config(sources).config);
+    for (const auto& e : report.errors)
+        ADD_FAILURE() << e.id << " " << e.message;
+    return report.config;
+}
+
+struct TracedRun {
+    std::vector<StepMetrics> metrics;
+    std::vector<std::vector<runtime::TaskRecord>> records;  // this rank, per step
+    std::vector<schedule::NodeCall> calls;
+};
+
+TracedRun run(const config::Config& cfg, int steps) {
+    train::Trainer trainer(cfg, {.keep_records = true});
+    TracedRun r;
+    r.calls = trainer.schedule_calls();
+    for (int i = 0; i < steps; ++i) {
+        train::StepResult s = trainer.step();
+        r.metrics.push_back(gather_step_metrics(step_work(cfg, trainer), s));
+        r.records.push_back(std::move(s.records));
+    }
+    return r;
+}
+
+struct Slice {
+    std::string name, cat;
+    int pid = 0, tid = 0;
+    double ts = 0, dur = 0;
+};
+
+std::vector<Slice> parse_slices(const nlohmann::json& file) {
+    std::vector<Slice> out;
+    for (const auto& e : file.at("traceEvents")) {
+        if (e.at("ph") != "X")
+            continue;
+        out.push_back(
+            {e.at("name"), e.at("cat"), e.at("pid"), e.at("tid"), e.at("ts"), e.at("dur")});
+    }
+    return out;
+}
+
+int micro_batch_of(const std::string& name) {
+    if (name.rfind("mb", 0) != 0)
+        return -1;
+    return std::stoi(name.substr(2));
+}
+
+// Writes the run's trace through a file and reads it back (rank 0 only returns slices).
+std::vector<Slice> traced(const TracedRun& r, const std::string& label) {
+    Trace trace;
+    for (const auto& step : r.records)
+        gather_trace(trace, step, label);
+    if (comm::current_world_rank() != 0)
+        return {};
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("epo_trace_test_" + std::to_string(::getpid()) + ".json");
+    write_trace(trace, path);
+    std::ifstream in(path);
+    const nlohmann::json file = nlohmann::json::parse(in);  // throws if it does not parse
+    std::filesystem::remove(path);
+    EXPECT_EQ(file.at("displayTimeUnit"), "ms");
+    return parse_slices(file);
+}
+
+void expect_no_overlap_within_a_stream(const std::vector<Slice>& slices) {
+    std::map<std::pair<int, int>, std::vector<Slice>> tracks;
+    for (const Slice& s : slices)
+        tracks[{s.pid, s.tid}].push_back(s);
+    ASSERT_GE(tracks.size(), 4u);  // 2 runs' steps x 2 ranks x 2 streams, at least
+    for (auto& [key, track] : tracks) {
+        std::sort(track.begin(), track.end(),
+                  [](const Slice& a, const Slice& b) { return a.ts < b.ts; });
+        for (size_t i = 1; i < track.size(); ++i) {
+            // Microsecond timestamps printed as doubles: allow rounding of 1 ns.
+            EXPECT_LE(track[i - 1].ts + track[i - 1].dur, track[i].ts + 1e-3)
+                << track[i - 1].name << " and " << track[i].name << " overlap on pid " << key.first
+                << " tid " << key.second;
+        }
+    }
+}
+
+bool comm_overlaps_compute_of_another_micro_batch(const std::vector<Slice>& slices) {
+    for (const Slice& c : slices) {
+        if (c.tid != 1 || c.cat != "task")
+            continue;
+        for (const Slice& k : slices) {
+            if (k.pid != c.pid || k.tid != 0 || k.cat != "task")
+                continue;
+            const int mc = micro_batch_of(c.name), mk = micro_batch_of(k.name);
+            if (mc < 0 || mk < 0 || mc == mk)
+                continue;
+            if (std::max(c.ts, k.ts) < std::min(c.ts + c.dur, k.ts + k.dur))
+                return true;
+        }
+    }
+    return false;
+}
+
+TEST(Trace, BaselineParsesAndStreamsNeverOverlapThemselves) {
+    const TracedRun r = run(small_config(false, false), 2);
+    const std::vector<Slice> slices = traced(r, "baseline");
+    if (comm::current_world_rank() != 0)
+        return;
+    ASSERT_FALSE(slices.empty());
+    expect_no_overlap_within_a_stream(slices);
+    // Named by node, layer and micro-batch.
+    EXPECT_TRUE(std::any_of(slices.begin(), slices.end(), [](const Slice& s) {
+        return s.name == "mb1.layer1.dispatch.forward" && s.tid == 1;
+    }));
+    EXPECT_TRUE(
+        std::any_of(slices.begin(), slices.end(), [](const Slice& s) { return s.cat == "wait"; }));
+    // In the baseline nothing of another micro-batch runs during a comm task.
+    EXPECT_FALSE(comm_overlaps_compute_of_another_micro_batch(slices));
+}
+
+TEST(Trace, OverlapRunShowsCommUnderComputeOfAnotherMicroBatch) {
+    const TracedRun r = run(small_config(true, true), 2);
+    const std::vector<Slice> slices = traced(r, "overlap");
+    if (comm::current_world_rank() != 0)
+        return;
+    expect_no_overlap_within_a_stream(slices);
+    EXPECT_TRUE(comm_overlaps_compute_of_another_micro_batch(slices));
+}
+
+TEST(Metrics, AddUp) {
+    const config::Config cfg = small_config(true, false);
+    const TracedRun r = run(cfg, 2);
+    const int world = comm::current_world_size();
+    for (const StepMetrics& m : r.metrics) {
+        ASSERT_EQ(m.ranks.size(), static_cast<size_t>(world));
+        double slowest = 0;
+        for (const RankStepMetrics& k : m.ranks) {
+            slowest = std::max(slowest, k.step_time_s);
+            EXPECT_GT(k.compute_busy_s, 0);
+            EXPECT_GT(k.comm_busy_s, 0);
+            EXPECT_GE(k.exposed_comm_s, 0);
+            // One thread per stream: busy and waiting never exceed the step.
+            EXPECT_LE(k.compute_busy_s + k.exposed_comm_s, k.step_time_s * 1.0001);
+            EXPECT_LE(k.comm_busy_s, k.step_time_s * 1.0001);
+            EXPECT_GT(k.peak_activation_bytes, 0);
+            EXPECT_GE(k.peak_rss_bytes, k.peak_activation_bytes);
+        }
+        EXPECT_EQ(m.step_time_s, slowest);
+        const double tokens = 2.0 * world * 4 * 64;
+        EXPECT_NEAR(m.tokens_per_s, tokens / m.step_time_s, 1e-9 * m.tokens_per_s);
+        EXPECT_GT(m.tflops_per_rank, 0);
+    }
+    // Per node kind, the compute stream's tasks add up to its busy time, and only the
+    // communication nodes move bytes.
+    NodeStatsMap stats;
+    add_node_stats(stats, r.records.back());
+    double compute = 0;
+    for (const auto& [kind, s] : stats) {
+        if (s.stream == "compute" && kind != "wait")
+            compute += s.total_s;
+        const bool comm_node = kind.rfind("dispatch", 0) == 0 || kind.rfind("combine", 0) == 0;
+        if (kind.find("forward") != std::string::npos && comm_node) {
+            EXPECT_GT(s.bytes.inter_sent, 0) << kind;
+        } else if (!comm_node && kind != "optimizer_step") {
+            EXPECT_EQ(s.bytes.sent(), 0) << kind;
+        }
+    }
+    const int rank = comm::current_world_rank();
+    EXPECT_NEAR(compute, r.metrics.back().ranks[static_cast<size_t>(rank)].compute_busy_s, 1e-6);
+}
+
+TEST(Metrics, CriticalPathBoundLiesBetweenIdealAndBaseline) {
+    const int steps = 3;
+    const TracedRun base = run(small_config(false, false), steps);
+    const TracedRun over = run(small_config(true, true), steps);
+    const CallDurations base_d = median_call_durations(base.records);
+    const CallDurations over_d = median_call_durations(over.records);
+    const double bound = critical_path_bound_s(over.calls, base_d, over_d);
+    // Serial sum of the baseline's durations: the baseline cannot beat it, the bound must.
+    double serial = 0;
+    for (const auto& [name, d] : base_d)
+        serial += d;
+    double comm = 0;
+    for (const auto& [name, d] : base_d)
+        if (name.find("dispatch") != std::string::npos || name.find("combine") != std::string::npos)
+            comm += d;
+    EXPECT_LT(bound, serial);
+    EXPECT_GE(bound, std::max(comm, serial - comm) * 0.999);
+    // The baseline's own schedule replayed with its own durations is the serial sum.
+    EXPECT_NEAR(critical_path_bound_s(base.calls, base_d, base_d), serial, 1e-9);
+}
+
+}  // namespace
+}  // namespace epo::bench
