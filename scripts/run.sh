@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: installs dependencies, builds, and runs it. For now the job
-# is `epo validate` on the shipped example configurations (a later issue makes it the benchmark).
+# The main job on a fresh machine: installs dependencies, builds, checks the shipped example
+# configurations, then runs the benchmark harness on its embedded default (a proxy of
+# qwen3-30b-a3b on 2 ranks as 2 nodes, baseline vs overlap, about 3 minutes) and judges the run
+# directory it wrote with epo check-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,3 +12,8 @@ for example in examples/qwen3-30b-a3b-ep-overlap.yaml examples/tiny-moe-cpu.yaml
   echo "== epo validate $example"
   build/release/bin/epo validate "$example"
 done
+out="runs/bench-$(date +%Y%m%d-%H%M%S)"
+echo "== epo bench --compare --out $out"
+build/release/bin/epo bench --compare --out "$out"
+echo "== epo check-run $out"
+build/release/bin/epo check-run "$out"

@@ -34,8 +34,9 @@ struct BenchArgs {
 
 bench::BenchOptions options_from(const BenchArgs& args) {
     bench::BenchOptions o;
-    if (args.cmd->count("--model") > 0)
+    if (args.cmd->count("--model") > 0) {
         o.sources.model = args.model;
+    }
     for (const auto& arg : args.positional) {
         if (config::looks_like_override(arg)) {
             o.sources.overrides.push_back(arg);
@@ -50,20 +51,24 @@ bench::BenchOptions options_from(const BenchArgs& args) {
     }
     o.sources.harness = harness_overrides(args.harness);
     o.compare = args.compare;
-    if (args.cmd->count("--comm_compute_ratio") > 0)
+    if (args.cmd->count("--comm_compute_ratio") > 0) {
         o.comm_compute_ratio = args.comm_compute_ratio;
+    }
     o.repeats = args.repeats;
     o.warmup_steps = args.warmup_steps;
-    if (!args.out.empty())
+    if (!args.out.empty()) {
         o.out_dir = args.out;
+    }
     return o;
 }
 
 // Inside an MPI job when the launcher left its rank variables (Open MPI, MPICH/hydra, PMIx/srun).
 bool inside_mpi_job() {
-    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
-        if (std::getenv(v) != nullptr)
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+        if (std::getenv(v) != nullptr) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -72,8 +77,9 @@ std::vector<std::string> own_command_line() {
     std::ifstream in("/proc/self/cmdline", std::ios::binary);
     std::vector<std::string> out;
     std::string arg;
-    while (std::getline(in, arg, '\0'))
+    while (std::getline(in, arg, '\0')) {
         out.push_back(arg);
+    }
     return out;
 }
 
@@ -111,8 +117,9 @@ void launch(bench::BenchOptions options) {
             ++i;  // and its value
             continue;
         }
-        if (argv[i].rfind("--out=", 0) == 0)
+        if (argv[i].rfind("--out=", 0) == 0) {
             continue;
+        }
         command.push_back(argv[i]);
     }
     command.push_back("--out");
@@ -132,17 +139,20 @@ void run_ranks(const bench::BenchOptions& options) {
         const bench::BenchResult result = bench::run_bench(options, std::cout);
         bench::write_bench_outputs(result, std::cout);
     } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kConfig && e.kind() != ErrorKind::kUsage)
+        if (e.kind() != ErrorKind::kConfig && e.kind() != ErrorKind::kUsage) {
             comm::abort_job(std::current_exception());
+        }
         // Every rank reaches the same verdict on the configuration: exit cleanly, rank 0 says why.
-        if (mpi.world_rank() == 0)
+        if (mpi.world_rank() == 0) {
             std::cerr << "epo bench: " << e.what() << "\n";
+        }
         status = exit_status_for(e.kind());
     } catch (...) {
         comm::abort_job(std::current_exception());
     }
-    if (status != 0)
+    if (status != 0) {
         throw CLI::RuntimeError(status);
+    }
 }
 
 void run_bench_command(const BenchArgs& args) {
@@ -164,8 +174,9 @@ void run_bench_command(const BenchArgs& args) {
 void add_bench_command(CLI::App& app) {
     auto args = std::make_shared<BenchArgs>();
     std::string recipes;
-    for (auto name : config::recipe_names())
+    for (auto name : config::recipe_names()) {
         recipes += (recipes.empty() ? "" : ", ") + std::string(name);
+    }
     CLI::App* cmd = app.add_subcommand(
         "bench",
         "Benchmark EP overlap: start N x G ranks (or run inside an MPI job), train the baseline "

@@ -26,9 +26,11 @@ void add_check_run_command(CLI::App& app) {
         }
         const auto criteria = bench::check_run_dir(*dir);
         std::cout << bench::format_verdicts(criteria);
-        for (const auto& c : criteria)
-            if (!c.pass)
+        for (const auto& c : criteria) {
+            if (!c.pass) {
                 throw CLI::RuntimeError(1);
+            }
+        }
     });
 }
 

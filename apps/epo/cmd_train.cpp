@@ -70,8 +70,9 @@ void run_train(const TrainArgs& args) {
         train::run_training(options, std::cout);
         if (!args.trace.empty()) {
             bench::Trace trace;
-            for (const auto& step : records)
+            for (const auto& step : records) {
                 bench::gather_trace(trace, step);  // collective
+            }
             if (mpi.world_rank() == 0) {
                 bench::write_trace(trace, args.trace);
                 std::cout << "trace: " << args.trace << "\n";

@@ -76,8 +76,9 @@ TEST(CriticalPathBound, BaselineDurationsSplitForDelayedWgrad) {
     // The delayed run measured dgrad : wgrad as 1 : 3 for every split node, at other absolute
     // durations (contention): only the proportion may be used.
     const auto own_d = [](const schedule::NodeCall& c) {
-        if (c.phase == schedule::Phase::kBackwardDw)
+        if (c.phase == schedule::Phase::kBackwardDw) {
             return 3e-2;
+        }
         return c.wgrad_delayed ? 1e-2 : 7e-3;
     };
     const std::vector<schedule::NodeCall> calls = schedule::overlap_schedule(shape);
@@ -87,16 +88,18 @@ TEST(CriticalPathBound, BaselineDurationsSplitForDelayedWgrad) {
     const double expected =
         schedule::critical_path_seconds(calls,
                                         [&](const schedule::NodeCall& c) {
-                                            if (c.phase == schedule::Phase::kBackwardDw)
+                                            if (c.phase == schedule::Phase::kBackwardDw) {
                                                 return 0.75 * base_d(c);
+                                            }
                                             return c.wgrad_delayed ? 0.25 * base_d(c) : base_d(c);
                                         }) +
         5e-3;
     EXPECT_NEAR(bound, expected, 1e-9);
     // And it is below the serial baseline.
     double serial = 5e-3;
-    for (const auto& c : schedule::baseline_schedule(shape))
+    for (const auto& c : schedule::baseline_schedule(shape)) {
         serial += base_d(c);
+    }
     EXPECT_LT(bound, serial);
 }
 

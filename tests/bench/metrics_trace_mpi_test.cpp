@@ -29,15 +29,16 @@ config::Config small_config(bool overlap, bool delay) {
         "train.micro_batch_size=2", "train.global_batch_size=" + std::to_string(2 * world * 4),
         "comm.num_nodes=" + std::to_string(world), "comm.gpus_per_node=1",
         "model.expert_model_parallel_size=" + std::to_string(world),
-        // Every all-to-all takes at least 3 ms: long enough to see overlap.
-        "comm.link.latency_us=3000",
+        // Every collective takes at least 1 ms: long enough to see overlap.
+        "comm.link.latency_us=1000",
         std::string("comm_overlap.overlap_moe_expert_parallel_comm=") +
             (overlap ? "true" : "false"),
         std::string("comm_overlap.delay_wgrad_compute=") + (delay ? "true" : "false")};
     const config::ValidationReport report =
         config::validate_for_run(config::build_config(sources).config);
-    for (const auto& e : report.errors)
+    for (const auto& e : report.errors) {
         ADD_FAILURE() << e.id << " " << e.message;
+    }
     return report.config;
 }
 
@@ -68,8 +69,9 @@ struct Slice {
 std::vector<Slice> parse_slices(const nlohmann::json& file) {
     std::vector<Slice> out;
     for (const auto& e : file.at("traceEvents")) {
-        if (e.at("ph") != "X")
+        if (e.at("ph") != "X") {
             continue;
+        }
         out.push_back(
             {e.at("name"), e.at("cat"), e.at("pid"), e.at("tid"), e.at("ts"), e.at("dur")});
     }
@@ -77,18 +79,21 @@ std::vector<Slice> parse_slices(const nlohmann::json& file) {
 }
 
 int micro_batch_of(const std::string& name) {
-    if (name.rfind("mb", 0) != 0)
+    if (name.rfind("mb", 0) != 0) {
         return -1;
+    }
     return std::stoi(name.substr(2));
 }
 
 // Writes the run's trace through a file and reads it back (rank 0 only returns slices).
 std::vector<Slice> traced(const TracedRun& r, const std::string& label) {
     Trace trace;
-    for (const auto& step : r.records)
+    for (const auto& step : r.records) {
         gather_trace(trace, step, label);
-    if (comm::current_world_rank() != 0)
+    }
+    if (comm::current_world_rank() != 0) {
         return {};
+    }
     const auto path = std::filesystem::temp_directory_path() /
                       ("epo_trace_test_" + std::to_string(::getpid()) + ".json");
     write_trace(trace, path);
@@ -101,8 +106,9 @@ std::vector<Slice> traced(const TracedRun& r, const std::string& label) {
 
 void expect_no_overlap_within_a_stream(const std::vector<Slice>& slices) {
     std::map<std::pair<int, int>, std::vector<Slice>> tracks;
-    for (const Slice& s : slices)
+    for (const Slice& s : slices) {
         tracks[{s.pid, s.tid}].push_back(s);
+    }
     ASSERT_GE(tracks.size(), 4u);  // 2 runs' steps x 2 ranks x 2 streams, at least
     for (auto& [key, track] : tracks) {
         std::sort(track.begin(), track.end(),
@@ -118,16 +124,20 @@ void expect_no_overlap_within_a_stream(const std::vector<Slice>& slices) {
 
 bool comm_overlaps_compute_of_another_micro_batch(const std::vector<Slice>& slices) {
     for (const Slice& c : slices) {
-        if (c.tid != 1 || c.cat != "task")
+        if (c.tid != 1 || c.cat != "task") {
             continue;
+        }
         for (const Slice& k : slices) {
-            if (k.pid != c.pid || k.tid != 0 || k.cat != "task")
+            if (k.pid != c.pid || k.tid != 0 || k.cat != "task") {
                 continue;
+            }
             const int mc = micro_batch_of(c.name), mk = micro_batch_of(k.name);
-            if (mc < 0 || mk < 0 || mc == mk)
+            if (mc < 0 || mk < 0 || mc == mk) {
                 continue;
-            if (std::max(c.ts, k.ts) < std::min(c.ts + c.dur, k.ts + k.dur))
+            }
+            if (std::max(c.ts, k.ts) < std::min(c.ts + c.dur, k.ts + k.dur)) {
                 return true;
+            }
         }
     }
     return false;
@@ -136,8 +146,9 @@ bool comm_overlaps_compute_of_another_micro_batch(const std::vector<Slice>& slic
 TEST(Trace, BaselineParsesAndStreamsNeverOverlapThemselves) {
     const TracedRun r = run(small_config(false, false), 2);
     const std::vector<Slice> slices = traced(r, "baseline");
-    if (comm::current_world_rank() != 0)
+    if (comm::current_world_rank() != 0) {
         return;
+    }
     ASSERT_FALSE(slices.empty());
     expect_no_overlap_within_a_stream(slices);
     // Named by node, layer and micro-batch.
@@ -153,8 +164,9 @@ TEST(Trace, BaselineParsesAndStreamsNeverOverlapThemselves) {
 TEST(Trace, OverlapRunShowsCommUnderComputeOfAnotherMicroBatch) {
     const TracedRun r = run(small_config(true, true), 2);
     const std::vector<Slice> slices = traced(r, "overlap");
-    if (comm::current_world_rank() != 0)
+    if (comm::current_world_rank() != 0) {
         return;
+    }
     expect_no_overlap_within_a_stream(slices);
     EXPECT_TRUE(comm_overlaps_compute_of_another_micro_batch(slices));
 }
@@ -182,21 +194,25 @@ TEST(Metrics, AddUp) {
         EXPECT_NEAR(m.tokens_per_s, tokens / m.step_time_s, 1e-9 * m.tokens_per_s);
         EXPECT_GT(m.tflops_per_rank, 0);
     }
-    // Per node kind, the compute stream's tasks add up to its busy time, and only the
-    // communication nodes move bytes.
+    // Per node kind, the compute stream's tasks add up to its busy time; the expert computation
+    // moves no bytes, and the all-to-alls of dispatch and combine carry far more than the small
+    // loss reductions of the attention node.
     NodeStatsMap stats;
     add_node_stats(stats, r.records.back());
     double compute = 0;
     for (const auto& [kind, s] : stats) {
-        if (s.stream == "compute" && kind != "wait")
+        if (s.stream == "compute" && kind != "wait") {
             compute += s.total_s;
-        const bool comm_node = kind.rfind("dispatch", 0) == 0 || kind.rfind("combine", 0) == 0;
-        if (kind.find("forward") != std::string::npos && comm_node) {
-            EXPECT_GT(s.bytes.inter_sent, 0) << kind;
-        } else if (!comm_node && kind != "optimizer_step") {
-            EXPECT_EQ(s.bytes.sent(), 0) << kind;
         }
     }
+    for (const char* a2a :
+         {"dispatch.forward", "combine.forward", "dispatch.backward", "combine.backward"}) {
+        EXPECT_GT(stats[a2a].bytes.inter_sent, 100 * stats["pre_dispatch.forward"].bytes.sent())
+            << a2a;
+        EXPECT_EQ(stats[a2a].stream, "comm");
+    }
+    EXPECT_EQ(stats["mlp.forward"].bytes.sent(), 0);
+    EXPECT_EQ(stats["mlp.backward"].bytes.sent(), 0);
     const int rank = comm::current_world_rank();
     EXPECT_NEAR(compute, r.metrics.back().ranks[static_cast<size_t>(rank)].compute_busy_s, 1e-6);
 }
@@ -210,12 +226,16 @@ TEST(Metrics, CriticalPathBoundLiesBetweenIdealAndBaseline) {
     const double bound = critical_path_bound_s(over.calls, base_d, over_d);
     // Serial sum of the baseline's durations: the baseline cannot beat it, the bound must.
     double serial = 0;
-    for (const auto& [name, d] : base_d)
+    for (const auto& [name, d] : base_d) {
         serial += d;
+    }
     double comm = 0;
-    for (const auto& [name, d] : base_d)
-        if (name.find("dispatch") != std::string::npos || name.find("combine") != std::string::npos)
+    for (const auto& [name, d] : base_d) {
+        if (name.find("dispatch") != std::string::npos ||
+            name.find("combine") != std::string::npos) {
             comm += d;
+        }
+    }
     EXPECT_LT(bound, serial);
     EXPECT_GE(bound, std::max(comm, serial - comm) * 0.999);
     // The baseline's own schedule replayed with its own durations is the serial sum.

@@ -83,8 +83,9 @@ config::Config finalized_or_throw(const config::ConfigSources& sources, int worl
     const config::ValidationReport report = train::prepare_run_config(sources, world_size);
     if (!report.ok()) {
         std::string ids;
-        for (const auto& e : report.errors)
+        for (const auto& e : report.errors) {
             ids += (ids.empty() ? "" : ", ") + e.id;
+        }
         throw Error(ErrorKind::kConfig,
                     fmt::format("{}: the configuration cannot run on this runtime ({}):\n{}", what,
                                 ids, config::format_findings(report)));
@@ -93,8 +94,9 @@ config::Config finalized_or_throw(const config::ConfigSources& sources, int worl
 }
 
 std::string schedule_name_of(const config::Config& cfg) {
-    if (!cfg.model.overlap_moe_expert_parallel_comm)
+    if (!cfg.model.overlap_moe_expert_parallel_comm) {
         return "baseline";
+    }
     return cfg.model.delay_wgrad_compute ? "overlap+delay_wgrad" : "overlap";
 }
 
@@ -111,8 +113,9 @@ struct Logs {
 
     void both(const std::string& line) {
         rank_file << line << "\n" << std::flush;
-        if (progress)
+        if (progress) {
             *progress << line << "\n" << std::flush;
+        }
     }
 };
 
@@ -129,60 +132,70 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
                     ratio));
     train::Trainer trainer(cfg, {.keep_records = true});
     const int steps = options.warmup_steps + 2;
-    std::vector<double> compute, comm_s, bytes, collectives;
+    std::vector<double> compute, comm_s, a2a_bytes, other_bytes, collectives;
+    const bool inter = cfg.comm.num_nodes > 1;
     for (int i = 0; i < steps; ++i) {
         const train::StepResult r = trainer.step();
-        if (i < options.warmup_steps)
+        if (i < options.warmup_steps) {
             continue;
+        }
         compute.push_back(r.compute_busy_s);
         comm_s.push_back(r.comm_busy_s);
-        double b = 0, n = 0;
+        double a2a = 0, other = 0, n = 0;
         for (const runtime::TaskRecord& t : r.records) {
-            const bool inter = cfg.comm.num_nodes > 1;
             const int64_t sent = inter ? t.bytes.inter_sent : t.bytes.intra_sent;
             const int64_t recv = inter ? t.bytes.inter_recv : t.bytes.intra_recv;
-            if (t.kind == runtime::RecordKind::kTask && t.stream == "comm" && sent + recv > 0) {
-                b += static_cast<double>(std::max(sent, recv));
-                n += 1;
+            if (t.kind != runtime::RecordKind::kTask || sent + recv == 0) {
+                continue;
             }
+            (t.stream == "comm" ? a2a : other) += static_cast<double>(std::max(sent, recv));
+            n += 1;
         }
-        bytes.push_back(b);
+        a2a_bytes.push_back(a2a);
+        other_bytes.push_back(other);
         collectives.push_back(n);
     }
     LinkCalibration c;
     c.target_ratio = ratio;
     c.compute_s = max_over_ranks(summarize(compute).median);
     c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median);
-    c.modelled_bytes = max_over_ranks(summarize(bytes).median);
+    c.alltoall_bytes = max_over_ranks(summarize(a2a_bytes).median);
+    c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median);
     c.num_collectives = static_cast<int64_t>(max_over_ranks(summarize(collectives).median));
-    c.inter_node = cfg.comm.num_nodes > 1;
+    c.inter_node = inter;
     const config::Config user = finalized_or_throw(sources_for(options, &base, {}), world, "run");
     c.latency_us = user.comm.link.latency_us.value_or(0.0);
+    const double bytes = c.alltoall_bytes + c.compute_stream_bytes;
     const double link_time = ratio * c.compute_s - c.num_collectives * c.latency_us * 1e-6;
-    if (c.modelled_bytes <= 0 || link_time <= 0) {
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("--comm_compute_ratio {}: cannot calibrate: {} all-to-alls of "
-                                "{:.0f} bytes per step with comm.link.latency_us={} already take "
-                                "more than {:.3f} s; lower comm.link.latency_us or raise the ratio",
-                                ratio, c.num_collectives, c.modelled_bytes, c.latency_us,
-                                ratio * c.compute_s));
+    if (c.alltoall_bytes <= 0 || link_time <= 0) {
+        throw Error(
+            ErrorKind::kConfig,
+            fmt::format("--comm_compute_ratio {}: cannot calibrate: {} collectives moving "
+                        "{:.0f} bytes per step with comm.link.latency_us={} already take "
+                        "more than {:.3f} s (or there is no all-to-all: is the model MoE "
+                        "with expert parallel > 1?); lower comm.link.latency_us or raise "
+                        "the ratio",
+                        ratio, c.num_collectives, bytes, c.latency_us, ratio * c.compute_s));
     }
-    const double gbps = c.modelled_bytes * 8.0 / link_time / 1e9;
+    const double gbps = bytes * 8.0 / link_time / 1e9;
     (c.inter_node ? c.inter_node_gbps : c.intra_node_gbps) = gbps;
-    logs.both(
-        fmt::format("[bench] link model: compute {:.3f} s/step, {} all-to-alls moving "
-                    "{:.1f} MB/step -> comm.link.{}_node_gbps={:.4g} latency_us={}",
-                    c.compute_s, c.num_collectives, c.modelled_bytes / 1e6,
-                    c.inter_node ? "inter" : "intra", gbps, c.latency_us));
+    c.compute_stream_comm_s = c.compute_stream_bytes * 8.0 / (gbps * 1e9);
+    logs.both(fmt::format(
+        "[bench] link model: compute {:.3f} s/step; per step {:.1f} MB of all-to-alls and "
+        "{:.1f} MB of gradient/loss reductions -> comm.link.{}_node_gbps={:.4g} latency_us={}",
+        c.compute_s, c.alltoall_bytes / 1e6, c.compute_stream_bytes / 1e6,
+        c.inter_node ? "inter" : "intra", gbps, c.latency_us));
     return c;
 }
 
 // Fills the derived fields of every run once all are measured. Collective (bound, node stats).
 void derive(BenchResult& result) {
     const ScheduleRun* base = nullptr;
-    for (const ScheduleRun& r : result.runs)
-        if (r.schedule.name == "baseline")
+    for (const ScheduleRun& r : result.runs) {
+        if (r.schedule.name == "baseline") {
             base = &r;
+        }
+    }
     for (ScheduleRun& r : result.runs) {
         std::vector<double> step, compute, comm_s, exposed;
         for (const StepMetrics& m : r.measured) {
@@ -201,18 +214,21 @@ void derive(BenchResult& result) {
             r.tokens_per_s = m.tokens_per_s * m.step_time_s / r.step_time_s.median;
             r.tflops_per_rank = m.tflops_per_rank * m.step_time_s / r.step_time_s.median;
         }
-        for (const auto& rep : r.losses)
+        for (const auto& rep : r.losses) {
             r.repeats_identical = r.repeats_identical && rep == r.losses.front();
-        if (base && !base->losses.empty() && !r.losses.empty())
+        }
+        if (base && !base->losses.empty() && !r.losses.empty()) {
             r.losses_match_baseline = r.losses.front() == base->losses.front();
+        }
         if (base && &r != base && r.schedule.overlap && !r.durations.empty()) {
             r.critical_path_bound_s =
                 max_over_ranks(critical_path_bound_s(r.calls, base->durations, r.durations));
             r.overlap_efficiency = overlap_efficiency(
                 base->step_time_s.median, r.step_time_s.median, *r.critical_path_bound_s);
         }
-        if (base && r.step_time_s.median > 0)
+        if (base && r.step_time_s.median > 0) {
             r.speedup_vs_baseline = base->step_time_s.median / r.step_time_s.median;
+        }
     }
     for (const ScheduleRun& r : result.runs) {
         result.loss_bitwise_identical =
@@ -230,11 +246,12 @@ const char* const kProxyRecipe = "qwen3-30b-a3b";
 
 const std::string& proxy_yaml() {
     // Real widths of qwen3-30b-a3b (expert FFN 768, head dim 128); hidden 1024 with the heads
-    // scaled from 32 query / 4 key-value heads at hidden 2048; 16 experts, top-2, so two CPU
-    // ranks finish a step in seconds; 2 layers, sequence 512, vocabulary 8192; 2 ranks as 2
-    // nodes of 1 (all expert traffic crosses the modelled NIC); 8 micro-batches per step.
-    // The distributed optimizer and bucketed data-parallel overlap are off: the runtime does not
-    // execute them (RT013, RT012).
+    // scaled from 32 query / 4 key-value heads at hidden 2048; 16 experts with top-4 routing
+    // (qwen3: 128, top-8), so two CPU ranks finish a step in seconds; 2 layers, sequence 512,
+    // vocabulary 4096 (a small vocabulary keeps the dense gradient all-reduce, which no schedule
+    // here overlaps, below the all-to-all traffic); 2 ranks as 2 nodes of 1 (all expert traffic
+    // crosses the modelled NIC); 8 micro-batches per step. The distributed optimizer and
+    // bucketed data-parallel overlap are off: the runtime does not execute them (RT013, RT012).
     static const std::string yaml = R"(model:
   num_layers: 2
   hidden_size: 1024
@@ -244,9 +261,9 @@ const std::string& proxy_yaml() {
   ffn_hidden_size: 3072
   moe_ffn_hidden_size: 768
   num_moe_experts: 16
-  moe_router_topk: 2
+  moe_router_topk: 4
   seq_length: 512
-  vocab_size: 8192
+  vocab_size: 4096
   expert_model_parallel_size: 2
 train:
   micro_batch_size: 1
@@ -269,8 +286,9 @@ config::ConfigSources with_default_model(config::ConfigSources sources, bool* is
         sources.model = kProxyRecipe;
         sources.config_text = proxy_yaml();
     }
-    if (is_proxy)
+    if (is_proxy) {
         *is_proxy = proxy;
+    }
     return sources;
 }
 
@@ -311,8 +329,9 @@ config::Config check_bench_config(const BenchOptions& options, int world_size) {
                                 options.warmup_steps, cfg.train.train_iters));
     }
     if (options.compare) {
-        for (const BenchSchedule& s : compare_schedules())
+        for (const BenchSchedule& s : compare_schedules()) {
             finalized_or_throw(sources_for(options, &s, {}), world_size, s.name);
+        }
     }
     return cfg;
 }
@@ -325,8 +344,9 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     result.config = check_bench_config(options, world);
     with_default_model(options.sources, &result.proxy);
     result.run_dir = agree_on_run_dir(options, result.config);
-    if (rank == 0)
+    if (rank == 0) {
         std::filesystem::create_directories(result.run_dir / "logs");
+    }
     comm::check_mpi(MPI_Barrier(MPI_COMM_WORLD), "waiting for the run directory");
     Logs logs;
     logs.rank_file.open(result.run_dir / "logs" / fmt::format("rank-{}.log", rank));
@@ -335,12 +355,14 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
                                                 "--out directory",
                                                 result.run_dir.string()));
     }
-    if (rank == 0)
+    if (rank == 0) {
         logs.progress = &log;
+    }
 
     std::optional<double> ratio = options.comm_compute_ratio;
-    if (!ratio && result.proxy)
+    if (!ratio && result.proxy) {
         ratio = 1.0;  // the embedded default studies a balanced cluster
+    }
     std::vector<std::string> link;
     if (ratio) {
         result.calibration = calibrate(options, *ratio, world, logs);
@@ -352,9 +374,11 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         schedules = compare_schedules();
     } else {
         const std::string name = schedule_name_of(result.config);
-        for (const BenchSchedule& s : compare_schedules())
-            if (s.name == name)
+        for (const BenchSchedule& s : compare_schedules()) {
+            if (s.name == name) {
                 schedules.push_back(s);
+            }
+        }
     }
     for (const BenchSchedule& s : schedules) {
         ScheduleRun run;
@@ -372,8 +396,9 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     }
     // The subject's finalized configuration, with the link settings the runs used.
     result.config = result.runs.back().config;
-    if (rank == 0)
+    if (rank == 0) {
         config::save_yaml(result.config, result.run_dir / "config.yaml");
+    }
 
     result.repeats = options.repeats > 0 ? options.repeats : (options.compare ? 3 : 1);
     result.warmup_steps = options.warmup_steps;
@@ -432,8 +457,9 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
             }
         }
     }
-    for (ScheduleRun& run : result.runs)
+    for (ScheduleRun& run : result.runs) {
         run.durations = median_call_durations(run.measured_records);
+    }
     derive(result);
     result.wall_s = since(t0);
     logs.rank_file << fmt::format("rank {} done: {} steps in {:.1f} s\n", rank, steps_done,

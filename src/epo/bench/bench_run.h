@@ -13,7 +13,7 @@
 // configuration selects runs. Warm-up steps count for the loss trajectory but not for timing.
 //
 // Link calibration (comm_compute_ratio = R): a baseline with the link model off measures the
-// compute stream's busy time C and the bytes each all-to-all moves; the inter-node bandwidth
+// compute stream's busy time C and the bytes of every collective; the inter-node bandwidth
 // (intra-node on a single node) is then set so the modelled communication of a step is R * C
 // (latency kept as configured). The chosen settings go into every run's configuration.
 //
@@ -56,13 +56,21 @@ struct BenchOptions {
     std::optional<std::filesystem::path> out_dir;  // default: <logger.log_dir>/<time>-bench
 };
 
+// Communication counts every collective: the all-to-alls of the comm stream and the gradient and
+// loss reductions the compute stream runs in the optimizer step (the overlap schedule can hide
+// only the former). With C the compute stream's busy time and E, A their bytes per step (link
+// model off; per collective the larger of sent and received across nodes):
+//
+//   bandwidth = 8 * (E + A) / (R * C - collectives * latency)   bits/s
 struct LinkCalibration {
     double target_ratio = 0;
-    double compute_s = 0;          // baseline compute-stream busy per step, link model off
-    double comm_s_unmodelled = 0;  // comm-stream busy per step, link model off
-    double modelled_bytes = 0;     // per step: sum over all-to-alls of max(sent, received)
-    int64_t num_collectives = 0;   // per step
-    bool inter_node = true;        // which bandwidth was set
+    double compute_s = 0;              // compute-stream busy per step, link model off
+    double comm_s_unmodelled = 0;      // comm-stream busy per step, link model off
+    double alltoall_bytes = 0;         // E
+    double compute_stream_bytes = 0;   // A
+    double compute_stream_comm_s = 0;  // A's modelled time at the chosen bandwidth
+    int64_t num_collectives = 0;       // tasks with communication, per step
+    bool inter_node = true;            // which bandwidth was set
     double inter_node_gbps = 0;
     double intra_node_gbps = 0;
     double latency_us = 0;

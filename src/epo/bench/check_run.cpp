@@ -14,8 +14,9 @@ namespace {
 
 std::string read_all(const std::filesystem::path& path) {
     std::ifstream in(path);
-    if (!in)
+    if (!in) {
         return {};
+    }
     std::ostringstream s;
     s << in.rdbuf();
     return s.str();
@@ -23,8 +24,9 @@ std::string read_all(const std::filesystem::path& path) {
 
 int count_of(const std::string& text, const std::string& what) {
     int n = 0;
-    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1))
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) {
         ++n;
+    }
     return n;
 }
 
@@ -114,9 +116,11 @@ Criterion steps_completed(const RunDir& d) {
         const int64_t done = r.value("steps_completed", int64_t{-2});
         const auto& losses = r["losses"];
         bool finite = losses.is_array() && static_cast<int64_t>(losses.size()) == per_run;
-        if (finite)
-            for (const auto& l : losses)
+        if (finite) {
+            for (const auto& l : losses) {
                 finite = finite && l.is_number() && std::isfinite(l.get<double>());
+            }
+        }
         if (planned <= 0 || done != planned || !finite) {
             c.detail = fmt::format("run {}: {} of {} steps, {} losses for {} steps per run{}",
                                    r.value("name", "?"), done, planned,
@@ -153,9 +157,11 @@ Criterion no_hang(const RunDir& d) {
 }
 
 const nlohmann::json* find_run(const nlohmann::json& m, const std::string& name) {
-    for (const auto& r : m["runs"])
-        if (r.value("name", "") == name)
+    for (const auto& r : m["runs"]) {
+        if (r.value("name", "") == name) {
             return &r;
+        }
+    }
     return nullptr;
 }
 
@@ -206,8 +212,9 @@ Criterion throughput(const RunDir& d) {
     std::string detail;
     bool pass = t_base > 0, any = false;
     for (const auto& r : d.metrics["runs"]) {
-        if (r.value("name", "") == "baseline")
+        if (r.value("name", "") == "baseline") {
             continue;
+        }
         any = true;
         const double t = r["step_time_s"].value("median", 0.0);
         const bool ok = t > 0 && t <= t_base * (1 + kThroughputTolerance);

@@ -36,8 +36,9 @@ double seconds(int64_t start_ns, int64_t end_ns) {
 }
 
 double median_of(std::vector<double> v) {
-    if (v.empty())
+    if (v.empty()) {
         return 0;
+    }
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
     return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -126,16 +127,18 @@ StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& r
 }
 
 std::string node_kind_of(const std::string& record_name) {
-    if (record_name.rfind("wait ", 0) == 0)
+    if (record_name.rfind("wait ", 0) == 0) {
         return "wait";
+    }
     std::string rest = record_name;
     for (const char* prefix : {"mb", "layer"}) {
         // Strip a leading "mb<digits>." / "layer<digits>." part.
         const size_t p = std::string(prefix).size();
         if (rest.rfind(prefix, 0) == 0 && rest.size() > p && std::isdigit(rest[p])) {
             const size_t dot = rest.find('.');
-            if (dot != std::string::npos)
+            if (dot != std::string::npos) {
                 rest = rest.substr(dot + 1);
+            }
         }
     }
     return rest;
@@ -155,13 +158,15 @@ CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskR
     std::map<std::string, std::vector<double>> samples;
     for (const auto& records : steps) {
         for (const runtime::TaskRecord& r : records) {
-            if (r.kind == runtime::RecordKind::kTask)
+            if (r.kind == runtime::RecordKind::kTask) {
                 samples[r.name].push_back(seconds(r.start_ns, r.end_ns));
+            }
         }
     }
     CallDurations out;
-    for (auto& [name, values] : samples)
+    for (auto& [name, values] : samples) {
         out[name] = median_of(std::move(values));
+    }
     return out;
 }
 
@@ -170,8 +175,9 @@ double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
     const auto duration = [&](const schedule::NodeCall& call) {
         const std::string name = schedule::call_name(call);
         const bool split = call.phase == schedule::Phase::kBackwardDw || call.wgrad_delayed;
-        if (!split)
+        if (!split) {
             return lookup(baseline, name, "baseline");
+        }
         // The baseline ran input and weight gradients as one call; share its duration out in
         // the proportion this run measured for the two halves.
         schedule::NodeCall dgrad = call, wgrad = call;
@@ -190,14 +196,16 @@ double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
 }
 
 std::optional<double> overlap_efficiency(double t_base, double t_overlap, double t_bound) {
-    if (!(t_base > t_bound))
+    if (!(t_base > t_bound)) {
         return std::nullopt;
+    }
     return (t_base - t_overlap) / (t_base - t_bound);
 }
 
 Summary summarize(std::vector<double> values) {
-    if (values.empty())
+    if (values.empty()) {
         return {};
+    }
     Summary s;
     s.min = *std::min_element(values.begin(), values.end());
     s.max = *std::max_element(values.begin(), values.end());

@@ -57,8 +57,9 @@ std::string loss_svg(const nlohmann::json& runs) {
         }
         steps = std::max(steps, r.at("losses").size());
     }
-    if (steps == 0)
+    if (steps == 0) {
         return "<p>No losses recorded.</p>";
+    }
     if (hi - lo < 1e-9) {
         lo -= 0.5;
         hi += 0.5;
@@ -88,8 +89,9 @@ std::string loss_svg(const nlohmann::json& runs) {
     for (const auto& r : runs) {
         std::string points;
         const auto& losses = r.at("losses");
-        for (size_t i = 0; i < losses.size(); ++i)
+        for (size_t i = 0; i < losses.size(); ++i) {
             points += fmt::format("{:.1f},{:.1f} ", x(i), y(losses[i].get<double>()));
+        }
         const size_t c = k % 4;
         svg += fmt::format(
             "<polyline fill='none' stroke='{}' stroke-width='2' stroke-dasharray='{}' "
@@ -148,8 +150,9 @@ std::string timeline_svg(const std::vector<const Process*>& ranks, double t0, do
                                base + tid * kLane + 1, kW - kL - 10, kLane - 2);
         }
         for (const Slice& s : ranks[r]->slices) {
-            if (s.tid > 1)
+            if (s.tid > 1) {
                 continue;
+            }
             const bool wait = s.cat == "wait";
             const double x = kL + (s.ts - t0) * px_per_us;
             const double w = std::max(0.5, s.dur * px_per_us);
@@ -184,16 +187,18 @@ std::string timelines(const nlohmann::json& metrics, const nlohmann::json& trace
     for (const auto& r : metrics.at("runs")) {
         Group g{r.at("name"), {}, std::numeric_limits<double>::max(), 0};
         for (const auto& [pid, p] : procs) {
-            if (p.name.rfind(g.name + " rank ", 0) != 0)
+            if (p.name.rfind(g.name + " rank ", 0) != 0) {
                 continue;
+            }
             g.ranks.push_back(&p);
             for (const Slice& s : p.slices) {
                 g.t0 = std::min(g.t0, s.ts);
                 g.t1 = std::max(g.t1, s.ts + s.dur);
             }
         }
-        if (g.ranks.empty())
+        if (g.ranks.empty()) {
             continue;
+        }
         scale = std::max(scale, g.t1 - g.t0);
         groups.push_back(std::move(g));
     }
@@ -227,7 +232,7 @@ std::string summary_table(const nlohmann::json& m) {
         const auto& st = r.at("step_time_s");
         const std::string name = r.at("name");
         t += fmt::format(
-            "<tr><td>{}</td><td>{:.3f} [{:.3f}, {:.3f}]</td><td>{:.0f}</td><td>{:.3f}</td>"
+            "<tr><td>{}</td><td>{:.3f} [{:.3f}, {:.3f}]</td><td>{:.0f}</td><td>{:.3g}</td>"
             "<td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{}</td><td>{}</td><td>{}</td>"
             "<td>{:.2f}</td><td>{:.1f}</td><td>{}</td></tr>\n",
             escape(name), st.at("median").get<double>(), st.at("min").get<double>(),

@@ -14,10 +14,12 @@ namespace {
 
 // Fixed track ids so every rank's compute stream is tid 0 and its comm stream tid 1.
 int track_of(const std::string& stream) {
-    if (stream == "compute")
+    if (stream == "compute") {
         return 0;
-    if (stream == "comm")
+    }
+    if (stream == "comm") {
         return 1;
+    }
     return 2;
 }
 
@@ -56,9 +58,10 @@ std::vector<std::string> gather_strings_to_root(const std::string& mine) {
                     "gathering trace records");
     std::vector<std::string> out;
     if (rank == 0) {
-        for (int r = 0; r < world; ++r)
+        for (int r = 0; r < world; ++r) {
             out.push_back(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]),
                                      static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+        }
     }
     return out;
 }
@@ -66,17 +69,20 @@ std::vector<std::string> gather_strings_to_root(const std::string& mine) {
 void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records,
                   const std::string& label) {
     const std::vector<std::string> parts = gather_strings_to_root(records_to_json(records).dump());
-    if (comm::current_world_rank() != 0)
+    if (comm::current_world_rank() != 0) {
         return;
+    }
     std::vector<nlohmann::json> ranks;
     int64_t earliest = std::numeric_limits<int64_t>::max();
     for (const std::string& part : parts) {
         ranks.push_back(nlohmann::json::parse(part));
-        for (const auto& r : ranks.back())
+        for (const auto& r : ranks.back()) {
             earliest = std::min(earliest, r[3].get<int64_t>());
+        }
     }
-    if (!trace.origin_ns && earliest != std::numeric_limits<int64_t>::max())
+    if (!trace.origin_ns && earliest != std::numeric_limits<int64_t>::max()) {
         trace.origin_ns = earliest;
+    }
     const int64_t origin = trace.origin_ns.value_or(0);
     for (size_t rank = 0; rank < ranks.size(); ++rank) {
         const int pid = trace.next_pid++;
