@@ -86,9 +86,10 @@ config::Config finalized_or_throw(const config::ConfigSources& sources, int worl
         for (const auto& e : report.errors) {
             ids += (ids.empty() ? "" : ", ") + e.id;
         }
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("{}: the configuration cannot run on this runtime ({}):\n{}", what,
-                                ids, config::format_findings(report)));
+        throw Error(
+            ErrorKind::kConfig,
+            fmt::format("{}the configuration cannot run on this runtime ({}):\n{}",
+                        what.empty() ? "" : what + ": ", ids, config::format_findings(report)));
     }
     return report.config;
 }
@@ -269,6 +270,7 @@ train:
   micro_batch_size: 1
   global_batch_size: 16
   train_iters: 3
+  lr_warmup_iters: 1
 ddp:
   use_distributed_optimizer: false
   overlap_grad_reduce: false
@@ -320,7 +322,7 @@ config::Config check_bench_config(const BenchOptions& options, int world_size) {
                                 options.warmup_steps));
     }
     const config::Config cfg =
-        finalized_or_throw(sources_for(options, nullptr, {}), world_size, "epo bench");
+        finalized_or_throw(sources_for(options, nullptr, {}), world_size, "");
     if (options.warmup_steps >= cfg.train.train_iters) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--warmup_steps {} leaves none of the {} steps "
