@@ -24,11 +24,10 @@ std::vector<double> losses_on(int group_size, int steps) {
                     "MPI_Comm_split");
     const std::string n = std::to_string(group_size);
     const config::Config cfg = epo::testing::run_config(
-        "tiny-moe",
-        {"model.num_layers=2", "model.hidden_size=64", "model.kv_channels=16",
-         "model.ffn_hidden_size=128", "model.moe_ffn_hidden_size=64", "model.seq_length=32",
-         "train.micro_batch_size=1", "train.global_batch_size=8",
-         "comm.gpus_per_node=" + n, "model.expert_model_parallel_size=" + n});
+        "tiny-moe", {"model.num_layers=2", "model.hidden_size=64", "model.kv_channels=16",
+                     "model.ffn_hidden_size=128", "model.moe_ffn_hidden_size=64",
+                     "model.seq_length=32", "train.micro_batch_size=1", "train.global_batch_size=8",
+                     "comm.gpus_per_node=" + n, "model.expert_model_parallel_size=" + n});
     std::vector<double> losses;
     {
         Trainer trainer(cfg, TrainerOptions{.comm = group});

@@ -187,9 +187,9 @@ const std::vector<FeatureRow>& rows() {
 
 RuntimeCapabilities RuntimeCapabilities::current() {
     RuntimeCapabilities caps;
-    caps.qk_layernorm = true;      // model/attention.h
-    caps.tied_embeddings = true;   // model/gpt_model.h: the output layer reads the embedding
-    caps.fp32_training = true;     // every kernel has an f32 path (the gradient checks use it)
+    caps.qk_layernorm = true;     // model/attention.h
+    caps.tied_embeddings = true;  // model/gpt_model.h: the output layer reads the embedding
+    caps.fp32_training = true;    // every kernel has an f32 path (the gradient checks use it)
     return caps;
 }
 
