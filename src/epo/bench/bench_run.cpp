@@ -39,31 +39,6 @@ double max_over_ranks(double v) {
     return out;
 }
 
-// Rank 0 picks the run directory; every rank learns it.
-std::filesystem::path agree_on_run_dir(const BenchOptions& options, const config::Config& cfg) {
-    std::string path;
-    if (comm::current_world_rank() == 0) {
-        if (options.out_dir) {
-            path = options.out_dir->string();
-        } else {
-            const std::time_t now = std::time(nullptr);
-            std::tm local{};
-            localtime_r(&now, &local);
-            char stamp[32];
-            std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
-            path = (std::filesystem::path(cfg.logger.log_dir) /
-                    fmt::format("{}-bench-{}", stamp, cfg.recipe.value_or("run")))
-                       .string();
-        }
-    }
-    int length = static_cast<int>(path.size());
-    comm::check_mpi(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD), "broadcast of the run dir");
-    path.resize(static_cast<size_t>(length));
-    comm::check_mpi(MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD),
-                    "broadcast of the run dir");
-    return path;
-}
-
 config::ConfigSources sources_for(const BenchOptions& options, const BenchSchedule* schedule,
                                   const std::vector<std::string>& extra) {
     config::ConfigSources s = with_default_model(options.sources);
@@ -345,7 +320,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     BenchResult result;
     result.config = check_bench_config(options, world);
     with_default_model(options.sources, &result.proxy);
-    result.run_dir = agree_on_run_dir(options, result.config);
+    result.run_dir = train::agree_on_run_dir(options.out_dir, result.config, "bench-");
     if (rank == 0) {
         std::filesystem::create_directories(result.run_dir / "logs");
     }

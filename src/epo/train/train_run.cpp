@@ -19,31 +19,6 @@
 namespace epo::train {
 namespace {
 
-// Rank 0 picks the run directory; every rank learns it.
-std::filesystem::path agree_on_run_dir(const TrainRunOptions& options, const config::Config& cfg) {
-    std::string path;
-    if (comm::current_world_rank() == 0) {
-        if (options.out_dir) {
-            path = options.out_dir->string();
-        } else {
-            const std::time_t now = std::time(nullptr);
-            std::tm local{};
-            localtime_r(&now, &local);
-            char stamp[32];
-            std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
-            path = (std::filesystem::path(cfg.logger.log_dir) /
-                    fmt::format("{}-{}", stamp, cfg.recipe.value_or("run")))
-                       .string();
-        }
-    }
-    int length = static_cast<int>(path.size());
-    comm::check_mpi(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD), "broadcast of the run dir");
-    path.resize(static_cast<size_t>(length));
-    comm::check_mpi(MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD),
-                    "broadcast of the run dir");
-    return path;
-}
-
 // The loss and the grad norm are reduced over the ranks, so every rank takes the same branch.
 void check_finite(const StepResult& r, comm::Communicator& control) {
     if (std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm))
@@ -127,7 +102,7 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
     }
     TrainRunResult result;
     result.config = report.config;
-    result.run_dir = agree_on_run_dir(options, report.config);
+    result.run_dir = agree_on_run_dir(options.out_dir, report.config, "");
     if (rank == 0) {
         std::filesystem::create_directories(result.run_dir);
         config::save_yaml(report.config, result.run_dir / "config.yaml");
@@ -198,6 +173,31 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
         }
     }
     return result;
+}
+
+std::filesystem::path agree_on_run_dir(const std::optional<std::filesystem::path>& out_dir,
+                                       const config::Config& cfg, std::string_view kind) {
+    std::string path;
+    if (comm::current_world_rank() == 0) {
+        if (out_dir) {
+            path = out_dir->string();
+        } else {
+            const std::time_t now = std::time(nullptr);
+            std::tm local{};
+            localtime_r(&now, &local);
+            char stamp[32];
+            std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
+            path = (std::filesystem::path(cfg.logger.log_dir) /
+                    fmt::format("{}-{}{}", stamp, kind, cfg.recipe.value_or("run")))
+                       .string();
+        }
+    }
+    int length = static_cast<int>(path.size());
+    comm::check_mpi(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD), "broadcast of the run dir");
+    path.resize(static_cast<size_t>(length));
+    comm::check_mpi(MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD),
+                    "broadcast of the run dir");
+    return path;
 }
 
 }  // namespace epo::train

@@ -16,6 +16,7 @@
 #include <functional>
 #include <iosfwd>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "epo/config/builder.h"
@@ -49,6 +50,11 @@ struct TrainRunResult {
 // The finalized, runtime-valid configuration for a job of `world_size` ranks, or an epo::Error
 // (kConfig) whose message lists every error with its id and fix. Every rank computes the same.
 config::ValidationReport prepare_run_config(const config::ConfigSources& sources, int world_size);
+
+// Collective over MPI_COMM_WORLD: rank 0 picks the run directory (`out_dir`, or
+// <logger.log_dir>/<time>-<kind><recipe>) and every rank learns it.
+std::filesystem::path agree_on_run_dir(const std::optional<std::filesystem::path>& out_dir,
+                                       const config::Config& cfg, std::string_view kind);
 
 // Collective over MPI_COMM_WORLD. `log` receives rank 0's output (other ranks print nothing).
 TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log);
