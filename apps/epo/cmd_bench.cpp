@@ -34,22 +34,7 @@ struct BenchArgs {
 
 bench::BenchOptions options_from(const BenchArgs& args) {
     bench::BenchOptions o;
-    if (args.cmd->count("--model") > 0) {
-        o.sources.model = args.model;
-    }
-    for (const auto& arg : args.positional) {
-        if (config::looks_like_override(arg)) {
-            o.sources.overrides.push_back(arg);
-        } else if (o.sources.config_path) {
-            throw Error(ErrorKind::kUsage,
-                        fmt::format("two configuration files given ('{}' and '{}'); give one, "
-                                    "and overrides as KEY=VALUE",
-                                    o.sources.config_path->string(), arg));
-        } else {
-            o.sources.config_path = arg;
-        }
-    }
-    o.sources.harness = harness_overrides(args.harness);
+    o.sources = config_sources(*args.cmd, args.model, args.positional, args.harness);
     o.compare = args.compare;
     if (args.cmd->count("--comm_compute_ratio") > 0) {
         o.comm_compute_ratio = args.comm_compute_ratio;
@@ -173,10 +158,7 @@ void run_bench_command(const BenchArgs& args) {
 
 void add_bench_command(CLI::App& app) {
     auto args = std::make_shared<BenchArgs>();
-    std::string recipes;
-    for (auto name : config::recipe_names()) {
-        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
-    }
+    const std::string recipes = recipe_list();
     CLI::App* cmd = app.add_subcommand(
         "bench",
         "Benchmark EP overlap: start N x G ranks (or run inside an MPI job), train the baseline "

@@ -11,6 +11,7 @@
 #include "epo/config/recipes.h"
 #include "epo/core/error.h"
 #include "epo/moe/layer_dump.h"
+#include "harness_flags.h"
 
 namespace epo::cli {
 namespace {
@@ -71,10 +72,7 @@ void run_moe_layer(const MoeLayerArgs& args) {
 
 void add_moe_layer_command(CLI::App& app) {
     auto args = std::make_shared<MoeLayerArgs>();
-    std::string recipes;
-    for (auto name : config::recipe_names()) {
-        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
-    }
+    const std::string recipes = recipe_list();
     CLI::App* cmd = app.add_subcommand(
         "moe-layer",
         "Run one MoE layer forward and backward on one rank from seeded random weights, input "

@@ -24,29 +24,9 @@ struct TrainArgs {
     CLI::App* cmd = nullptr;
 };
 
-config::ConfigSources sources_from(const TrainArgs& args) {
-    config::ConfigSources sources;
-    if (args.cmd->count("--model") > 0)
-        sources.model = args.model;
-    for (const auto& arg : args.positional) {
-        if (config::looks_like_override(arg)) {
-            sources.overrides.push_back(arg);
-        } else if (sources.config_path) {
-            throw Error(ErrorKind::kUsage,
-                        fmt::format("two configuration files given ('{}' and '{}'); give one, "
-                                    "and overrides as KEY=VALUE",
-                                    sources.config_path->string(), arg));
-        } else {
-            sources.config_path = arg;
-        }
-    }
-    sources.harness = harness_overrides(args.harness);
-    return sources;
-}
-
 void run_train(const TrainArgs& args) {
     train::TrainRunOptions options;
-    options.sources = sources_from(args);
+    options.sources = config_sources(*args.cmd, args.model, args.positional, args.harness);
     if (!args.out.empty())
         options.out_dir = args.out;
     // Every rank checks the trace path, so all reach the same verdict before any collective.
@@ -97,10 +77,7 @@ void run_train(const TrainArgs& args) {
 
 void add_train_command(CLI::App& app) {
     auto args = std::make_shared<TrainArgs>();
-    std::string recipes;
-    for (auto name : config::recipe_names()) {
-        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
-    }
+    const std::string recipes = recipe_list();
     CLI::App* cmd = app.add_subcommand(
         "train",
         "Train an MoE model on this MPI job's ranks (run under mpirun); logs iterations in the "

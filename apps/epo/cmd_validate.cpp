@@ -24,29 +24,9 @@ struct ValidateArgs {
     CLI::App* cmd = nullptr;
 };
 
-config::ConfigSources sources_from(const ValidateArgs& args) {
-    config::ConfigSources sources;
-    if (args.cmd->count("--model") > 0) {
-        sources.model = args.model;
-    }
-    for (const auto& arg : args.positional) {
-        if (config::looks_like_override(arg)) {
-            sources.overrides.push_back(arg);
-        } else if (sources.config_path) {
-            throw Error(ErrorKind::kUsage,
-                        fmt::format("two configuration files given ('{}' and '{}'); give one, "
-                                    "and overrides as KEY=VALUE",
-                                    sources.config_path->string(), arg));
-        } else {
-            sources.config_path = arg;
-        }
-    }
-    sources.harness = harness_overrides(args.harness);
-    return sources;
-}
-
 void run_validate(const ValidateArgs& args) {
-    const config::BuiltConfig built = config::build_config(sources_from(args));
+    const config::BuiltConfig built =
+        config::build_config(config_sources(*args.cmd, args.model, args.positional, args.harness));
     const config::ValidationReport report = config::validate(built);
     if (args.json) {
         // Invalid UTF-8 cannot come from a file (the reader refuses it); replace, never throw.
@@ -66,10 +46,7 @@ void run_validate(const ValidateArgs& args) {
 
 void add_validate_command(CLI::App& app) {
     auto args = std::make_shared<ValidateArgs>();
-    std::string recipes;
-    for (auto name : config::recipe_names()) {
-        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
-    }
+    const std::string recipes = recipe_list();
     CLI::App* cmd = app.add_subcommand(
         "validate",
         "Finalize a configuration and check every EP-overlap rule; prints the finalized "

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "epo/config/overrides.h"
+#include "epo/config/recipes.h"
 #include "epo/core/error.h"
 
 namespace epo::cli {
@@ -107,6 +109,37 @@ config::HarnessOverrides harness_overrides(const HarnessFlags& f) {
             backend == "None" ? std::optional<std::string>() : std::optional<std::string>(backend);
     }
     return o;
+}
+
+config::ConfigSources config_sources(const CLI::App& cmd, const std::string& model,
+                                     const std::vector<std::string>& positional,
+                                     const HarnessFlags& flags) {
+    config::ConfigSources sources;
+    if (cmd.count("--model") > 0) {
+        sources.model = model;
+    }
+    for (const auto& arg : positional) {
+        if (config::looks_like_override(arg)) {
+            sources.overrides.push_back(arg);
+        } else if (sources.config_path) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("two configuration files given ('{}' and '{}'); give one, "
+                                    "and overrides as KEY=VALUE",
+                                    sources.config_path->string(), arg));
+        } else {
+            sources.config_path = arg;
+        }
+    }
+    sources.harness = harness_overrides(flags);
+    return sources;
+}
+
+std::string recipe_list() {
+    std::string recipes;
+    for (auto name : config::recipe_names()) {
+        recipes += (recipes.empty() ? "" : ", ") + std::string(name);
+    }
+    return recipes;
 }
 
 }  // namespace epo::cli

@@ -6,7 +6,9 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
+#include "epo/config/builder.h"
 #include "epo/config/harness.h"
 
 namespace epo::cli {
@@ -28,5 +30,15 @@ void add_harness_flags(CLI::App& app, HarnessFlags& flags);
 
 // The given flags as library overrides; raises a usage error for a malformed value.
 config::HarnessOverrides harness_overrides(const HarnessFlags& flags);
+
+// The configuration sources of a command line: the recipe when --model was given, one
+// CONFIG.yaml and any KEY=VALUE overrides among the positionals, and the harness flags. Two
+// configuration files are a usage error.
+config::ConfigSources config_sources(const CLI::App& cmd, const std::string& model,
+                                     const std::vector<std::string>& positional,
+                                     const HarnessFlags& flags);
+
+// "name, name, ..." of every recipe, for --model's help.
+std::string recipe_list();
 
 }  // namespace epo::cli
