@@ -173,8 +173,8 @@ void add_bench_command(CLI::App& app) {
                   "run baseline, overlap and overlap+delay_wgrad, alternating repeats");
     cmd->add_option("--comm_compute_ratio", args->comm_compute_ratio,
                     "calibrate the link model so the baseline's communication takes R times its "
-                    "compute (default: 1 for the embedded proxy, link model as configured "
-                    "otherwise)");
+                    "compute; 0 turns the link model off (default: 1 for the embedded proxy, "
+                    "link model as configured otherwise)");
     cmd->add_option("--repeats", args->repeats,
                     "runs per schedule, alternating (default: 3 with --compare, else 1)");
     cmd->add_option("--warmup_steps", args->warmup_steps,

@@ -198,5 +198,33 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
     fs::remove_all(dir);
 }
 
+// --comm_compute_ratio 0: no calibration, and the link model is off even where the
+// configuration sets one (the measurement of this machine's own communication).
+TEST(Bench, RatioZeroTurnsTheLinkModelOff) {
+    const fs::path out =
+        fs::temp_directory_path() / ("epo_bench_link_off_" + std::to_string(getpid()));
+    BenchOptions o = tiny_compare(out);
+    o.compare = false;
+    o.repeats = 1;
+    o.comm_compute_ratio = 0.0;
+    o.sources.overrides.push_back("train.train_iters=3");
+    o.sources.overrides.push_back("comm.link.inter_node_gbps=0.001");
+    o.sources.overrides.push_back("comm.link.latency_us=5000");
+    std::ostringstream log;
+    const BenchResult result = run_bench(o, log);
+    write_bench_outputs(result, log);
+    EXPECT_FALSE(result.calibration.has_value());
+    ASSERT_EQ(result.runs.size(), 1u);
+    EXPECT_FALSE(config::link_model_enabled(result.runs[0].config.comm));
+    if (comm::current_world_rank() == 0) {
+        const nlohmann::json m =
+            nlohmann::json::parse(read_all(fs::path(result.run_dir) / "metrics.json"));
+        EXPECT_TRUE(m.at("calibration").is_null());
+        EXPECT_EQ(m.at("link").at("inter_node_gbps").get<double>(), 0);
+        EXPECT_EQ(m.at("link").at("latency_us").get<double>(), 0);
+        fs::remove_all(result.run_dir);
+    }
+}
+
 }  // namespace
 }  // namespace epo::bench

@@ -285,10 +285,11 @@ config::Config check_bench_config(const BenchOptions& options, int world_size) {
                                 "else; drop the flag or pass --moe_flex_dispatcher_backend None",
                                 **flex));
     }
-    if (const auto& r = options.comm_compute_ratio; r && (!(*r > 0) || !std::isfinite(*r))) {
+    if (const auto& r = options.comm_compute_ratio; r && (!(*r >= 0) || !std::isfinite(*r))) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--comm_compute_ratio {}: give a positive number (1 = the "
-                                "baseline's communication as long as its compute)",
+                                "baseline's communication as long as its compute) or 0 (link "
+                                "model off: communication as this machine does it)",
                                 *r));
     }
     if (options.repeats < 0 || options.warmup_steps < 0) {
@@ -341,9 +342,12 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         ratio = 1.0;  // the embedded default studies a balanced cluster
     }
     std::vector<std::string> link;
-    if (ratio) {
+    if (ratio && *ratio > 0) {
         result.calibration = calibrate(options, *ratio, world, logs);
         link = link_overrides(*result.calibration);
+    } else if (ratio) {
+        // --comm_compute_ratio 0: the link model off, whatever the configuration says.
+        link = link_overrides(LinkCalibration{});
     }
 
     std::vector<BenchSchedule> schedules;
