@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -125,6 +126,56 @@ TEST(Rows, AddLoadStore) {
     for (int i = 0; i < 37; ++i) {
         EXPECT_EQ(out.data<BF16>()[i].bits, float_to_bf16(acc[i]).bits);
     }
+}
+
+// The softmax helpers: scalar and AVX-512 give the same bits at every length (tails included),
+// and the values agree with a double-precision reference.
+TEST(Activation, SoftmaxHelpersScalarAndAvx512Agree) {
+    if (!cpu_features().avx512_core()) {
+        GTEST_SKIP() << "no AVX-512 on this CPU";
+    }
+    Tensor x = Tensor::empty({600}, DType::kF32);
+    Tensor y = Tensor::empty({600}, DType::kF32);
+    fill_normal(x, 11, 0.5f, 4.0f);
+    fill_normal(y, 12, 0.0f, 1.0f);
+    const float* xs = x.data<float>();
+    const float* ys = y.data<float>();
+    std::vector<float> out_s(600), out_v(600);
+    for (std::int64_t n : {1, 2, 15, 16, 17, 31, 100, 512, 513, 600}) {
+        const float mx_s = row_max(xs, n, KernelImpl::kScalar);
+        const float mx_v = row_max(xs, n, KernelImpl::kAvx512);
+        EXPECT_EQ(mx_s, mx_v) << n;
+        EXPECT_EQ(mx_s, *std::max_element(xs, xs + n)) << n;
+
+        const float scale = 0.088f;
+        const float shift = mx_s * scale;
+        const float sum_s = exp_shifted_sum(xs, scale, shift, out_s.data(), n, KernelImpl::kScalar);
+        const float sum_v = exp_shifted_sum(xs, scale, shift, out_v.data(), n, KernelImpl::kAvx512);
+        EXPECT_EQ(std::memcmp(&sum_s, &sum_v, 4), 0) << n;
+        EXPECT_EQ(std::memcmp(out_s.data(), out_v.data(), 4 * n), 0) << n;
+        double want = 0;
+        for (std::int64_t j = 0; j < n; ++j) {
+            const double e = std::exp(static_cast<double>(xs[j] * scale - shift));
+            EXPECT_NEAR(out_s[j], e, 3e-7 * e) << n << " " << j;
+            want += e;
+        }
+        EXPECT_NEAR(sum_s, want, 1e-6 * want) << n;
+
+        const float dot_s = dot16(xs, ys, n, KernelImpl::kScalar);
+        const float dot_v = dot16(xs, ys, n, KernelImpl::kAvx512);
+        EXPECT_EQ(std::memcmp(&dot_s, &dot_v, 4), 0) << n;
+        double dot = 0, mag = 0;
+        for (std::int64_t j = 0; j < n; ++j) {
+            dot += static_cast<double>(xs[j]) * ys[j];
+            mag += std::fabs(static_cast<double>(xs[j]) * ys[j]);
+        }
+        EXPECT_NEAR(dot_s, dot, 1e-6 * mag) << n;
+    }
+    // Lanes beyond n are not read into the result: garbage after the row changes nothing.
+    std::vector<float> a(40, 1.0f), b(40, 2.0f);
+    a[17] = 1e30f;
+    EXPECT_EQ(dot16(a.data(), b.data(), 17, KernelImpl::kAvx512), 34.0f);
+    EXPECT_EQ(row_max(a.data(), 17, KernelImpl::kAvx512), 1.0f);
 }
 
 }  // namespace

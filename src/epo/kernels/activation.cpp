@@ -1,5 +1,6 @@
 #include "epo/kernels/activation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -8,6 +9,7 @@
 #include "epo/tensor/bf16_simd.h"
 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on its AVX-512 headers
+#pragma GCC diagnostic ignored "-Wuninitialized"       // (_mm512_reduce_max_ps)
 // GCC fuses a * b + c into one FMA where the target has it (the AVX-512 functions), which rounds
 // once instead of twice; the scalar version cannot, so fusing is off here to keep both versions
 // bit-identical.
@@ -196,10 +198,89 @@ void check_shapes(const Matrix& h, const Matrix& a, const char* what) {
               h.rows, h.cols, dtype_name(h.dtype), a.rows, a.cols, dtype_name(a.dtype));
 }
 
+float row_max_scalar(const float* x, std::int64_t n) {
+    float m = x[0];
+    for (std::int64_t j = 1; j < n; ++j) {
+        m = std::max(m, x[j]);
+    }
+    return m;
+}
+
+EPO_AVX512 float row_max_avx512(const float* x, std::int64_t n) {
+    __m512 m = _mm512_set1_ps(x[0]);
+    for (std::int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = simd::tail_mask(n - j);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + j));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+float exp_shifted_sum_scalar(const float* x, float scale, float shift, float* out,
+                             std::int64_t n) {
+    float lane[16] = {};
+    for (std::int64_t j = 0; j < n; ++j) {
+        out[j] = exp_scalar(x[j] * scale - shift);
+        lane[j % 16] = lane[j % 16] + out[j];
+    }
+    return reduce16(lane);
+}
+
+EPO_AVX512 float exp_shifted_sum_avx512(const float* x, float scale, float shift, float* out,
+                                        std::int64_t n) {
+    const __m512 sc = _mm512_set1_ps(scale), sh = _mm512_set1_ps(shift);
+    __m512 acc = _mm512_setzero_ps();
+    for (std::int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = simd::tail_mask(n - j);
+        const __m512 e =
+            exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), sc), sh));
+        _mm512_mask_storeu_ps(out + j, k, e);
+        acc = _mm512_mask_add_ps(acc, k, acc, e);
+    }
+    alignas(64) float lane[16];
+    _mm512_store_ps(lane, acc);
+    return reduce16(lane);
+}
+
+float dot16_scalar(const float* a, const float* b, std::int64_t n) {
+    float lane[16] = {};
+    for (std::int64_t j = 0; j < n; ++j) {
+        lane[j % 16] = lane[j % 16] + a[j] * b[j];
+    }
+    return reduce16(lane);
+}
+
+EPO_AVX512 float dot16_avx512(const float* a, const float* b, std::int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (std::int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = simd::tail_mask(n - j);
+        acc = _mm512_mask_add_ps(
+            acc, k, acc,
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a + j), _mm512_maskz_loadu_ps(k, b + j)));
+    }
+    alignas(64) float lane[16];
+    _mm512_store_ps(lane, acc);
+    return reduce16(lane);
+}
+
 }  // namespace
 
 float fast_exp(float x) {
     return exp_scalar(x);
+}
+
+float row_max(const float* x, std::int64_t n, KernelImpl impl) {
+    EPO_CHECK(n >= 1, "row_max of an empty row");
+    return avx512(impl) ? row_max_avx512(x, n) : row_max_scalar(x, n);
+}
+
+float exp_shifted_sum(const float* x, float scale, float shift, float* out, std::int64_t n,
+                      KernelImpl impl) {
+    return avx512(impl) ? exp_shifted_sum_avx512(x, scale, shift, out, n)
+                        : exp_shifted_sum_scalar(x, scale, shift, out, n);
+}
+
+float dot16(const float* a, const float* b, std::int64_t n, KernelImpl impl) {
+    return avx512(impl) ? dot16_avx512(a, b, n) : dot16_scalar(a, b, n);
 }
 
 void swiglu_forward(const Matrix& h, const float* probs, const Matrix& a, KernelImpl impl) {

@@ -30,4 +30,16 @@ void swiglu_backward(const Matrix& h, const float* probs, const Matrix& da, cons
 // The exp() above, exposed for tests (x is clamped to [-87.3, 88.3]).
 float fast_exp(float x);
 
+// Softmax building blocks of attention and the LM head, on f32 rows. Sums are kept in 16
+// interleaved partial sums (element j in lane j % 16) and then reduced in a fixed pairwise order,
+// so the scalar and the AVX-512 versions give the same bits and the result does not depend on
+// where a row starts.
+//   row_max          max_j x[j], n >= 1 (which value wins over a NaN is unspecified)
+//   exp_shifted_sum  out[j] = exp(x[j] * scale - shift) (the exp() above); returns sum_j out[j]
+//   dot16            sum_j a[j] * b[j]
+float row_max(const float* x, std::int64_t n, KernelImpl impl = KernelImpl::kAuto);
+float exp_shifted_sum(const float* x, float scale, float shift, float* out, std::int64_t n,
+                      KernelImpl impl = KernelImpl::kAuto);
+float dot16(const float* a, const float* b, std::int64_t n, KernelImpl impl = KernelImpl::kAuto);
+
 }  // namespace epo::kernels

@@ -85,14 +85,10 @@ void causal_softmax(const float* scores, float scale, int64_t S, void* p, DType 
     const size_t es = dtype_size(p_type);
     for (int64_t i = 0; i < S; ++i) {
         const float* si = scores + i * S;
-        float max_v = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j)
-            max_v = std::max(max_v, si[j] * scale);
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-            row[j] = kernels::fast_exp(si[j] * scale - max_v);
-            sum += row[j];
-        }
+        // max_j (si[j] * scale) = max_j si[j] * scale exactly: scale > 0 and rounding is
+        // monotonic.
+        const float max_v = kernels::row_max(si, i + 1) * scale;
+        const float sum = kernels::exp_shifted_sum(si, scale, max_v, row.data(), i + 1);
         const float inv = 1.0f / sum;
         for (int64_t j = 0; j <= i; ++j)
             row[j] *= inv;
@@ -209,9 +205,7 @@ void attention_backward_dgrad(const AttentionShape& s, AttentionParams& params,
             for (int64_t i = 0; i < S; ++i) {
                 kernels::load_row(p + i * S * es, cd, prow.data(), S);
                 const float* dpi = dp.data<float>() + i * S;
-                float dot = 0.0f;
-                for (int64_t j = 0; j <= i; ++j)
-                    dot += prow[j] * dpi[j];
+                const float dot = kernels::dot16(prow.data(), dpi, i + 1);
                 for (int64_t j = 0; j < S; ++j)
                     srow[j] = prow[j] * (dpi[j] - dot) * scale;
                 kernels::store_row(srow.data(), static_cast<char*>(ds.raw()) + i * S * es, cd, S);

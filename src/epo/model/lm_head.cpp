@@ -44,14 +44,8 @@ double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int
                                         label, t, V, label));
             }
             const float* z = logits.data<float>() + r * V;
-            float max_z = -INFINITY;
-            for (int64_t v = 0; v < V; ++v)
-                max_z = std::max(max_z, z[v]);
-            float sum = 0.0f;
-            for (int64_t v = 0; v < V; ++v) {
-                row[v] = kernels::fast_exp(z[v] - max_z);
-                sum += row[v];
-            }
+            const float max_z = kernels::row_max(z, V);
+            const float sum = kernels::exp_shifted_sum(z, 1.0f, max_z, row.data(), V);
             loss_sum += static_cast<double>(std::log(sum)) + max_z - z[label];
             const float inv = token_scale / sum;
             for (int64_t v = 0; v < V; ++v)
