@@ -176,7 +176,7 @@ void add_bench_command(CLI::App& app) {
                     "compute; 0 turns the link model off (default: 1 for the embedded proxy, "
                     "link model as configured otherwise)");
     cmd->add_option("--repeats", args->repeats,
-                    "runs per schedule, alternating (default: 3 with --compare, else 1)");
+                    "runs per schedule, alternating (default: 2 with --compare, else 1)");
     cmd->add_option("--warmup_steps", args->warmup_steps,
                     "steps per run left out of the timing (default 1)");
     cmd->add_option("--out", args->out,

@@ -103,6 +103,31 @@ TEST(CriticalPathBound, BaselineDurationsSplitForDelayedWgrad) {
     EXPECT_LT(bound, serial);
 }
 
+// A call that was shorter in the run itself (a comm call that waited less for its peer) counts
+// at that shorter duration: the bound is the best case of what was measured.
+TEST(CriticalPathBound, TakesTheShorterOfBaselineAndOwnDurations) {
+    const schedule::ScheduleShape shape{.num_micro_batches = 2, .moe_layers = {true}};
+    const auto base_d = [](const schedule::NodeCall& c) {
+        return schedule::stream_of(c.node) == schedule::StreamId::kComm ? 4e-3 : 1e-3;
+    };
+    const auto own_d = [](const schedule::NodeCall& c) {
+        return schedule::stream_of(c.node) == schedule::StreamId::kComm ? 1e-3 : 3e-3;
+    };
+    std::vector<runtime::TaskRecord> base = records(schedule::baseline_schedule(shape), base_d);
+    base.push_back(
+        {.name = "optimizer_step", .stream = "compute", .start_ns = 0, .end_ns = 5'000'000});
+    const std::vector<schedule::NodeCall> calls = schedule::overlap_schedule(shape);
+    std::vector<runtime::TaskRecord> own = records(calls, own_d);
+    own.push_back(
+        {.name = "optimizer_step", .stream = "compute", .start_ns = 0, .end_ns = 2'000'000});
+    const double bound = critical_path_bound_s(calls, median_call_durations({base}),
+                                               median_call_durations({own}));
+    const double expected = schedule::critical_path_seconds(
+                                calls, [](const schedule::NodeCall&) { return 1e-3; }) +
+                            2e-3;
+    EXPECT_NEAR(bound, expected, 1e-9);
+}
+
 TEST(CriticalPathBound, MissingDurationIsAnError) {
     const schedule::ScheduleShape shape{.num_micro_batches = 2, .moe_layers = {true}};
     EXPECT_THROW(critical_path_bound_s(schedule::overlap_schedule(shape), {}, {}), Error);

@@ -96,11 +96,14 @@ void add_node_stats(NodeStatsMap& stats, const std::vector<runtime::TaskRecord>&
 using CallDurations = std::map<std::string, double>;
 CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskRecord>>& steps);
 
-// The critical-path bound of `calls` on this rank, from node durations measured in a baseline
-// run. A call the baseline does not have (the input-gradient half of a delayed weight gradient,
-// and the delayed weight gradient itself) gets the baseline's duration of the whole backward of
-// that node, split in the proportion the run itself measured (`own`). The baseline's
-// "optimizer_step" is added at the end. Raises epo::Error (kInternal) if a duration is missing.
+// The critical-path bound of `calls` on this rank: each call takes the shorter of its median
+// duration in the baseline run and in the run itself (`own`); the baseline's has no contention,
+// but a communication call there also holds the wait for the slowest rank to enter, which the
+// overlap run partly hides. A call the baseline does not have (the input-gradient half of a
+// delayed weight gradient, and the delayed weight gradient itself) gets the shorter of the whole
+// backward of that node (baseline) and its two halves together (own), split in the proportion
+// the run itself measured. "optimizer_step" (shorter of the two) is added at the end. Raises
+// epo::Error (kInternal) if a baseline duration is missing.
 double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
                              const CallDurations& baseline, const CallDurations& own);
 
