@@ -81,7 +81,7 @@ def write_svg(rows, path):
     (overlap + delayed wgrad) per micro-batch count; ratio 0 (link model off) at the left."""
     ratios = sorted({r["ratio"] for r in rows})
     mbs_list = sorted({r["micro_batches"] for r in rows})
-    w, h, left, right, top, bottom = 640, 400, 60, 150, 30, 50
+    w, h, left, right, top, bottom = 700, 400, 60, 190, 30, 50
     xs = {x: left + i * (w - left - right) / max(1, len(ratios) - 1) for i, x in enumerate(ratios)}
     speeds = [r[k] for r in rows for k in ("overlap_speedup", "delayed_speedup")]
     lo, hi = min(0.8, min(speeds)), max(1.2, max(speeds)) * 1.05
