@@ -107,3 +107,13 @@ epo_cli_test(deep_nesting 2 "nesting too deep" RUN validate ${_epo_corpus}/bad_d
 epo_cli_test(unknown_device_flex 1 "names no known device" RUN
              validate --model tiny-moe --moe_flex_dispatcher_backend deepep env.gpu=tpu)
 include(${CMAKE_CURRENT_LIST_DIR}/train_cli_tests.cmake)
+
+# scripts/sweep_overlap.py end to end on tiny-moe (2 ranks as 2 nodes, 2 micro-batches, link model
+# off and calibrated to 1): both points run and the table, CSV and figure are written.
+add_test(NAME cli.sweep_overlap_script
+         COMMAND ${CMAKE_COMMAND} -E env OMP_NUM_THREADS=1
+                 bash ${_epo_cli_expect} 0 "\\| off \\| 2 \\| - \\|.*\\| yes \\|"
+                 "\\| 1 \\| 2 \\| [0-9.]+ \\|.*\\| yes \\|" "wrote sweep-test/sweep.csv, sweep.md, overlap-sweep.svg"
+                 -- bash -c "rm -rf sweep-test && exec python3 ${PROJECT_SOURCE_DIR}/scripts/sweep_overlap.py sweep-test --ratios 0,1 --micro_batches 2 --epo $<TARGET_FILE:epo_cli> -- --model tiny-moe --num_nodes 2 --gpus_per_node 1 -ep 2 model.seq_length=64"
+         WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(cli.sweep_overlap_script PROPERTIES LABELS "cli;mpi" TIMEOUT 300)
