@@ -104,8 +104,9 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
     EXPECT_TRUE(m.at("loss_bitwise_identical").get<bool>());
     ASSERT_FALSE(m.at("calibration").is_null());
     // The chosen bandwidth moves every collective's bytes in R x the measured compute time less
-    // the all-to-alls' own time without the link model (latency 0). How close the calibrated run comes (achieved_ratio) depends on the machine's
-    // load and is the benchmark's to report, not a test's to require.
+    // the all-to-alls' own time without the link model (latency 0). How close the calibrated run
+    // comes (achieved_ratio) depends on the machine's load and is the benchmark's to report, not a
+    // test's to require.
     const auto& cal = m.at("calibration");
     const double bytes = cal.at("alltoall_bytes_per_step").get<double>() +
                          cal.at("compute_stream_bytes_per_step").get<double>();

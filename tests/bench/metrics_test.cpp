@@ -120,11 +120,11 @@ TEST(CriticalPathBound, TakesTheShorterOfBaselineAndOwnDurations) {
     std::vector<runtime::TaskRecord> own = records(calls, own_d);
     own.push_back(
         {.name = "optimizer_step", .stream = "compute", .start_ns = 0, .end_ns = 2'000'000});
-    const double bound = critical_path_bound_s(calls, median_call_durations({base}),
-                                               median_call_durations({own}));
-    const double expected = schedule::critical_path_seconds(
-                                calls, [](const schedule::NodeCall&) { return 1e-3; }) +
-                            2e-3;
+    const double bound =
+        critical_path_bound_s(calls, median_call_durations({base}), median_call_durations({own}));
+    const double expected =
+        schedule::critical_path_seconds(calls, [](const schedule::NodeCall&) { return 1e-3; }) +
+        2e-3;
     EXPECT_NEAR(bound, expected, 1e-9);
 }
 

@@ -146,8 +146,8 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     // each all-to-all, then the copies) stays when the link model is on: the model holds a
     // collective from the moment the last rank entered it. Leave it out of the modelled time so
     // the calibrated baseline's communication comes out at R x C, not R x C plus that.
-    const double link_time = ratio * c.compute_s - c.num_collectives * c.latency_us * 1e-6 -
-                             c.comm_s_unmodelled;
+    const double link_time =
+        ratio * c.compute_s - c.num_collectives * c.latency_us * 1e-6 - c.comm_s_unmodelled;
     if (c.alltoall_bytes <= 0 || link_time <= 0) {
         throw Error(
             ErrorKind::kConfig,

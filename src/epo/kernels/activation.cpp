@@ -9,7 +9,7 @@
 #include "epo/tensor/bf16_simd.h"
 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on its AVX-512 headers
-#pragma GCC diagnostic ignored "-Wuninitialized"       // (_mm512_reduce_max_ps)
+#pragma GCC diagnostic ignored "-Wuninitialized"        // (_mm512_reduce_max_ps)
 // GCC fuses a * b + c into one FMA where the target has it (the AVX-512 functions), which rounds
 // once instead of twice; the scalar version cannot, so fusing is off here to keep both versions
 // bit-identical.
@@ -215,8 +215,7 @@ EPO_AVX512 float row_max_avx512(const float* x, std::int64_t n) {
     return _mm512_reduce_max_ps(m);
 }
 
-float exp_shifted_sum_scalar(const float* x, float scale, float shift, float* out,
-                             std::int64_t n) {
+float exp_shifted_sum_scalar(const float* x, float scale, float shift, float* out, std::int64_t n) {
     float lane[16] = {};
     for (std::int64_t j = 0; j < n; ++j) {
         out[j] = exp_scalar(x[j] * scale - shift);
