@@ -16,6 +16,7 @@ packages=(
   libssl-dev                          # SHA-256 checksums of checkpoint files
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy
+  python3                             # scripts/sweep_overlap.py (standard library only) and its test
 )
 if [[ "${1:-}" == mpich ]]; then
   packages+=(libmpich-dev mpich)
