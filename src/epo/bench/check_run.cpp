@@ -165,15 +165,23 @@ const nlohmann::json* find_run(const nlohmann::json& m, const std::string& name)
     return nullptr;
 }
 
-Criterion losses_identical(const RunDir& d) {
-    Criterion c{"loss trajectory identical to the baseline", false, ""};
+// The baseline run of d's metrics.json, or nullptr with c.detail saying why there is none.
+const nlohmann::json* baseline_or_explain(const RunDir& d, Criterion& c) {
     if (!d.metrics.is_object()) {
         c.detail = d.metrics_problem;
-        return c;
+        return nullptr;
     }
     const nlohmann::json* base = find_run(d.metrics, "baseline");
     if (!base) {
         c.detail = "no baseline run to compare with (run epo bench --compare)";
+    }
+    return base;
+}
+
+Criterion losses_identical(const RunDir& d) {
+    Criterion c{"loss trajectory identical to the baseline", false, ""};
+    const nlohmann::json* base = baseline_or_explain(d, c);
+    if (!base) {
         return c;
     }
     for (const auto& r : d.metrics["runs"]) {
@@ -199,13 +207,8 @@ Criterion losses_identical(const RunDir& d) {
 
 Criterion throughput(const RunDir& d) {
     Criterion c{"throughput improved or not reduced", false, ""};
-    if (!d.metrics.is_object()) {
-        c.detail = d.metrics_problem;
-        return c;
-    }
-    const nlohmann::json* base = find_run(d.metrics, "baseline");
+    const nlohmann::json* base = baseline_or_explain(d, c);
     if (!base) {
-        c.detail = "no baseline run to compare with (run epo bench --compare)";
         return c;
     }
     const double t_base = (*base)["step_time_s"].value("median", 0.0);
