@@ -44,5 +44,21 @@ TEST(CriticalPath, MicroBatchOrderIsRespected) {
     EXPECT_DOUBLE_EQ(critical_path_seconds(calls, [](const NodeCall&) { return 1.0; }), 1.0);
 }
 
+TEST(CriticalPath, GradReductionIsASideBranch) {
+    // The backward's next call does not wait for a reduction on the other stream; the bound
+    // still ends when the reduction does.
+    const std::vector<NodeCall> calls = {{0, -1, NodeKind::kOutput, Phase::kBackward},
+                                         {0, 0, NodeKind::kGradReduce, Phase::kBackward},
+                                         {0, -1, NodeKind::kEmbedding, Phase::kBackward}};
+    const auto dur = [](const NodeCall& c) { return c.node == NodeKind::kGradReduce ? 3.0 : 1.0; };
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 4.0);  // 1 + 3; the embedding runs at 1
+    std::vector<NodeCall> serial = calls;
+    serial[1].node = NodeKind::kCombine;  // an ordinary comm call is waited for: 1 + 3 + 1
+    EXPECT_DOUBLE_EQ(
+        critical_path_seconds(
+            serial, [](const NodeCall& c) { return c.node == NodeKind::kCombine ? 3.0 : 1.0; }),
+        5.0);
+}
+
 }  // namespace
 }  // namespace epo::schedule

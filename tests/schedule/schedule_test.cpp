@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <tuple>
 
 namespace epo::schedule {
@@ -57,6 +59,7 @@ TEST(Schedule, CombinedStepFollowsTheTenStepPairOrder) {
 TEST(Schedule, StreamsFollowTheNodeSplit) {
     EXPECT_EQ(stream_of(NodeKind::kDispatch), StreamId::kComm);
     EXPECT_EQ(stream_of(NodeKind::kCombine), StreamId::kComm);
+    EXPECT_EQ(stream_of(NodeKind::kGradReduce), StreamId::kComm);
     for (NodeKind n :
          {NodeKind::kEmbedding, NodeKind::kPreDispatch, NodeKind::kMlp, NodeKind::kOutput}) {
         EXPECT_EQ(stream_of(n), StreamId::kCompute);
@@ -151,6 +154,78 @@ TEST(Schedule, DenseLayersIssueNoCommunicationNodes) {
 TEST(Schedule, OneMicroBatchOverlapEqualsBaseline) {
     ScheduleShape s = moe_shape(1, 3, true);
     EXPECT_EQ(overlap_schedule(s), baseline_schedule(s));
+}
+
+// The last backward of the step with a bucket per model position: each reduction goes behind the
+// comm call that follows its bucket's last node (never in front of it), or right away when a
+// compute call follows; earlier backwards reduce nothing. Both schedules end alike.
+TEST(Schedule, GradReductionsFireInTheLastBackward) {
+    for (const bool overlap : {false, true}) {
+        ScheduleShape s = moe_shape(3, 2, false);
+        s.grad_bucket_ends = {2, 1, 0, kEmbeddingPosition};
+        const auto calls = names(overlap ? overlap_schedule(s) : baseline_schedule(s));
+        const std::vector<std::string> last = {"mb2.output.backward",
+                                               "mb2.layer1.combine.backward",
+                                               "mb2.bucket0.grad_reduce",
+                                               "mb2.layer1.mlp.backward",
+                                               "mb2.layer1.dispatch.backward",
+                                               "mb2.layer1.pre_dispatch.backward",
+                                               "mb2.layer0.combine.backward",
+                                               "mb2.bucket1.grad_reduce",
+                                               "mb2.layer0.mlp.backward",
+                                               "mb2.layer0.dispatch.backward",
+                                               "mb2.layer0.pre_dispatch.backward",
+                                               "mb2.bucket2.grad_reduce",
+                                               "mb2.embedding.backward",
+                                               "mb2.bucket3.grad_reduce"};
+        ASSERT_GE(calls.size(), last.size());
+        EXPECT_EQ(
+            std::vector<std::string>(calls.end() - static_cast<long>(last.size()), calls.end()),
+            last)
+            << (overlap ? "overlap" : "baseline");
+        EXPECT_EQ(std::count_if(calls.begin(), calls.end(),
+                                [](const std::string& n) {
+                                    return n.find("grad_reduce") != std::string::npos;
+                                }),
+                  4);
+    }
+}
+
+TEST(Schedule, MergedBucketsAndDenseLayers) {
+    // One bucket for the output layer and layer 1 (a dense layer: no comm call to wait for, so
+    // the reduction is issued at once), one for layer 0 and the embedding.
+    ScheduleShape s{2, {true, false}, false};
+    s.grad_bucket_ends = {1, kEmbeddingPosition};
+    const auto calls = names(baseline_schedule(s));
+    const std::vector<std::string> last = {"mb1.output.backward",
+                                           "mb1.layer1.mlp.backward",
+                                           "mb1.layer1.pre_dispatch.backward",
+                                           "mb1.layer0.combine.backward",
+                                           "mb1.bucket0.grad_reduce",
+                                           "mb1.layer0.mlp.backward",
+                                           "mb1.layer0.dispatch.backward",
+                                           "mb1.layer0.pre_dispatch.backward",
+                                           "mb1.embedding.backward",
+                                           "mb1.bucket1.grad_reduce"};
+    EXPECT_EQ(std::vector<std::string>(calls.end() - static_cast<long>(last.size()), calls.end()),
+              last);
+    s.moe_layers = {false, false};
+    const auto dense = names(baseline_schedule(s));
+    EXPECT_EQ(dense[dense.size() - 6], "mb1.layer1.pre_dispatch.backward");
+    EXPECT_EQ(dense[dense.size() - 5], "mb1.bucket0.grad_reduce");
+    EXPECT_EQ(dense[dense.size() - 4], "mb1.layer0.mlp.backward");
+}
+
+TEST(Schedule, BucketEndsMustCoverTheModel) {
+    ScheduleShape s = moe_shape(2, 2, false);
+    s.grad_bucket_ends = {2, 0};  // never reaches the embedding
+    EXPECT_THROW(baseline_schedule(s), std::invalid_argument);
+    s.grad_bucket_ends = {0, 1, kEmbeddingPosition};  // not in backward order
+    EXPECT_THROW(overlap_schedule(s), std::invalid_argument);
+    s.grad_bucket_ends = {3, kEmbeddingPosition};  // past the output layer
+    EXPECT_THROW(overlap_schedule(s), std::invalid_argument);
+    s.grad_bucket_ends = {kEmbeddingPosition};
+    EXPECT_NO_THROW(overlap_schedule(s));
 }
 
 }  // namespace

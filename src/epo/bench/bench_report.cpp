@@ -108,6 +108,7 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
                        {"compute_s_link_off", k->compute_s},
                        {"comm_s_link_off", k->comm_s_unmodelled},
                        {"alltoall_bytes_per_step", k->alltoall_bytes},
+                       {"grad_reduce_bytes_per_step", k->grad_reduce_bytes},
                        {"compute_stream_bytes_per_step", k->compute_stream_bytes},
                        {"compute_stream_comm_s_modelled", k->compute_stream_comm_s},
                        {"collectives_per_step", k->num_collectives},

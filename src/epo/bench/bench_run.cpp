@@ -108,7 +108,7 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
                     ratio));
     train::Trainer trainer(cfg, {.keep_records = true});
     const int steps = options.warmup_steps + 2;
-    std::vector<double> compute, comm_s, a2a_bytes, other_bytes, collectives;
+    std::vector<double> compute, comm_s, a2a_bytes, bucket_bytes, other_bytes, collectives;
     const bool inter = cfg.comm.num_nodes > 1;
     for (int i = 0; i < steps; ++i) {
         const train::StepResult r = trainer.step();
@@ -117,17 +117,21 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
         }
         compute.push_back(r.compute_busy_s);
         comm_s.push_back(r.comm_busy_s);
-        double a2a = 0, other = 0, n = 0;
+        double a2a = 0, buckets = 0, other = 0, n = 0;
         for (const runtime::TaskRecord& t : r.records) {
             const int64_t sent = inter ? t.bytes.inter_sent : t.bytes.intra_sent;
             const int64_t recv = inter ? t.bytes.inter_recv : t.bytes.intra_recv;
             if (t.kind != runtime::RecordKind::kTask || sent + recv == 0) {
                 continue;
             }
-            (t.stream == "comm" ? a2a : other) += static_cast<double>(std::max(sent, recv));
+            const bool bucket = node_kind_of(t.name) == "grad_reduce";
+            (t.stream != "comm" ? other
+             : bucket           ? buckets
+                                : a2a) += static_cast<double>(std::max(sent, recv));
             n += 1;
         }
         a2a_bytes.push_back(a2a);
+        bucket_bytes.push_back(buckets);
         other_bytes.push_back(other);
         collectives.push_back(n);
     }
@@ -136,12 +140,13 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     c.compute_s = max_over_ranks(summarize(compute).median);
     c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median);
     c.alltoall_bytes = max_over_ranks(summarize(a2a_bytes).median);
+    c.grad_reduce_bytes = max_over_ranks(summarize(bucket_bytes).median);
     c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median);
     c.num_collectives = static_cast<int64_t>(max_over_ranks(summarize(collectives).median));
     c.inter_node = inter;
     const config::Config user = finalized_or_throw(sources_for(options, &base, {}), world, "run");
     c.latency_us = user.comm.link.latency_us.value_or(0.0);
-    const double bytes = c.alltoall_bytes + c.compute_stream_bytes;
+    const double bytes = c.alltoall_bytes + c.grad_reduce_bytes + c.compute_stream_bytes;
     // The comm stream's busy time with the link model off (waiting for the other ranks to enter
     // each all-to-all, then the copies) stays when the link model is on: the model holds a
     // collective from the moment the last rank entered it. Leave it out of the modelled time so
@@ -166,7 +171,7 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     logs.both(fmt::format(
         "[bench] link model: compute {:.3f} s/step; per step {:.1f} MB of all-to-alls and "
         "{:.1f} MB of gradient/loss reductions -> comm.link.{}_node_gbps={:.4g} latency_us={}",
-        c.compute_s, c.alltoall_bytes / 1e6, c.compute_stream_bytes / 1e6,
+        c.compute_s, c.alltoall_bytes / 1e6, (c.grad_reduce_bytes + c.compute_stream_bytes) / 1e6,
         c.inter_node ? "inter" : "intra", gbps, c.latency_us));
     return c;
 }
@@ -231,10 +236,13 @@ const std::string& proxy_yaml() {
     // Real widths of qwen3-30b-a3b (expert FFN 768, head dim 128); hidden 1024 with the heads
     // scaled from 32 query / 4 key-value heads at hidden 2048; 16 experts with top-4 routing
     // (qwen3: 128, top-8), so two CPU ranks finish a step in seconds; 2 layers, sequence 512,
-    // vocabulary 2048 (a small vocabulary keeps the dense gradient all-reduce, which no schedule
-    // here overlaps, below the all-to-all traffic); 2 ranks as 2 nodes of 1 (all expert traffic
-    // crosses the modelled NIC); 8 micro-batches per step. The distributed optimizer and
-    // bucketed data-parallel overlap are off: the runtime does not execute them (RT013, RT012).
+    // vocabulary 2048 (a small vocabulary keeps the dense gradient all-reduce, which can hide
+    // only behind the last backward, below the all-to-all traffic); 2 ranks as 2 nodes of 1
+    // (all expert traffic crosses the modelled NIC); 8 micro-batches per step. Bucketed
+    // grad-reduce overlap is on, as in the recipe, with 8 MiB buckets: each of the 2 layers,
+    // the output layer and the embedding is a bucket of its own, as a 48-layer model's 128 MiB
+    // buckets hold a few of its layers each. The distributed optimizer and param-gather
+    // overlap are off: the runtime does not execute them (RT013, RT012).
     static const std::string yaml = R"(model:
   num_layers: 2
   hidden_size: 1024
@@ -255,8 +263,9 @@ train:
   lr_warmup_iters: 1
 ddp:
   use_distributed_optimizer: false
-  overlap_grad_reduce: false
+  overlap_grad_reduce: true
   overlap_param_gather: false
+  bucket_size: 8388608
 comm:
   num_nodes: 2
   gpus_per_node: 1

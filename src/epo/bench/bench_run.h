@@ -66,8 +66,9 @@ struct LinkCalibration {
     double target_ratio = 0;
     double compute_s = 0;              // compute-stream busy per step, link model off
     double comm_s_unmodelled = 0;      // comm-stream busy per step, link model off
-    double alltoall_bytes = 0;         // E
-    double compute_stream_bytes = 0;   // A
+    double alltoall_bytes = 0;         // E: the comm stream's dispatch/combine all-to-alls
+    double grad_reduce_bytes = 0;      // the comm stream's bucketed gradient reductions
+    double compute_stream_bytes = 0;   // the optimizer step's reductions (A with the above)
     double compute_stream_comm_s = 0;  // A's modelled time at the chosen bandwidth
     int64_t num_collectives = 0;       // tasks with communication, per step
     bool inter_node = true;            // which bandwidth was set

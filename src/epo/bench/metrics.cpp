@@ -131,8 +131,8 @@ std::string node_kind_of(const std::string& record_name) {
         return "wait";
     }
     std::string rest = record_name;
-    for (const char* prefix : {"mb", "layer"}) {
-        // Strip a leading "mb<digits>." / "layer<digits>." part.
+    for (const char* prefix : {"mb", "layer", "bucket"}) {
+        // Strip a leading "mb<digits>." / "layer<digits>." / "bucket<digits>." part.
         const size_t p = std::string(prefix).size();
         if (rest.rfind(prefix, 0) == 0 && rest.size() > p && std::isdigit(rest[p])) {
             const size_t dot = rest.find('.');

@@ -75,7 +75,8 @@ StepWork step_work(const config::Config& cfg, const train::Trainer& trainer);
 // Collective over MPI_COMM_WORLD: every rank passes its own step; all get the same result.
 StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result);
 
-// "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "wait mb3" -> "wait";
+// "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "mb7.bucket0.grad_reduce" ->
+// "grad_reduce"; "wait mb3" -> "wait";
 // "optimizer_step" stays.
 std::string node_kind_of(const std::string& record_name);
 

@@ -90,16 +90,11 @@ const std::vector<FeatureRow>& rows() {
                          "true");
          },
          "set model.moe_shared_expert_overlap=false"},
-        {{"RT012", "bucketed grad-reduce / param-gather overlap", &RC::bucketed_dp_overlap},
-         [](C c) {
-             return when(
-                 c.ddp.overlap_grad_reduce || c.ddp.overlap_param_gather,
-                 c.ddp.overlap_grad_reduce ? "ddp.overlap_grad_reduce" : "ddp.overlap_param_gather",
-                 "true");
-         },
-         "set ddp.overlap_grad_reduce=false and ddp.overlap_param_gather=false (with a "
-         "comm_overlap section: comm_overlap.overlap_grad_reduce=false and "
-         "comm_overlap.overlap_param_gather=false)"},
+        {{"RT012", "param-gather overlap (it needs the distributed optimizer)",
+          &RC::param_gather_overlap},
+         [](C c) { return when(c.ddp.overlap_param_gather, "ddp.overlap_param_gather", "true"); },
+         "set ddp.overlap_param_gather=false (with a comm_overlap section: "
+         "comm_overlap.overlap_param_gather=false); ddp.overlap_grad_reduce is supported"},
         {{"RT013", "the distributed optimizer", &RC::distributed_optimizer},
          [](C c) {
              return when(c.ddp.use_distributed_optimizer, "ddp.use_distributed_optimizer", "true");

@@ -124,6 +124,21 @@ std::vector<Param*> GptModel::all_params() const {
     return all;
 }
 
+GptModel::PositionParams GptModel::params_at(int position) {
+    PositionParams out;
+    if (position < 0) {
+        out.dense.push_back(&embedding_);
+    } else if (position >= shape_.num_layers) {
+        out.dense.push_back(&final_norm_);
+        if (!shape_.tie_embeddings)
+            out.dense.push_back(&output_);
+    } else {
+        const auto l = static_cast<size_t>(position);
+        collect_layer_params(layer_shapes_[l], layers_[l], out.dense, out.expert);
+    }
+    return out;
+}
+
 void GptModel::init_weights(uint64_t seed) {
     const float std = shape_.init_std;
     const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_layers));

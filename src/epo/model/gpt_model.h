@@ -115,6 +115,14 @@ public:
     const std::vector<Param*>& dense_params() const { return dense_params_; }
     const std::vector<Param*>& expert_params() const { return expert_params_; }
     std::vector<Param*> all_params() const;
+    // The parameters at one model position (schedule.h: -1 the embedding, 0..L-1 the layers, L
+    // the final norm and output layer), whose gradients are final once the last micro-batch's
+    // backward has passed that position. With tied embeddings the output layer's weight is the
+    // embedding's (position -1).
+    struct PositionParams {
+        std::vector<Param*> dense, expert;
+    };
+    PositionParams params_at(int position);
     LayerParams& layer(int l) { return layers_[static_cast<size_t>(l)]; }
 
     // Before issuing a step: the step's micro-batches (tokens and labels, T each) and the factor

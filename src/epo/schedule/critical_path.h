@@ -5,7 +5,8 @@
 //
 // Replay: each stream runs its calls in issue order; a call also waits for the previous call of
 // its own micro-batch (the event wait of the executor). start = max(stream free, previous call
-// of the micro-batch done); end = start + duration. The bound is the last end.
+// of the micro-batch done); end = start + duration; a gradient reduction does not count as the
+// micro-batch's previous call. The bound is the last end.
 #pragma once
 
 #include <functional>

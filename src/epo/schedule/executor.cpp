@@ -25,7 +25,10 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
         stream.enqueue(call_name(call), [shared_body, call](runtime::StreamContext& ctx) {
             (*shared_body)(call, ctx);
         });
-        stream.record(event);
+        // A gradient reduction is a side branch: nothing of the micro-batch waits for it.
+        if (call.node != NodeKind::kGradReduce) {
+            stream.record(event);
+        }
     }
 }
 

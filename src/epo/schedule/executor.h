@@ -1,8 +1,9 @@
 // Issues a schedule's node calls to the two streams of a rank, CUDA style: each call waits on
 // its micro-batch's event, is enqueued on its stream, and records the event. One event per
 // micro-batch: a micro-batch's consecutive calls alternate streams and each wait binds to the
-// most recent record, so they serialize; calls of two micro-batches are free to overlap. The
-// issuing thread never waits for computation.
+// most recent record, so they serialize; calls of two micro-batches are free to overlap. A
+// gradient reduction waits like any call but records nothing, so the micro-batch's next call
+// does not wait for it. The issuing thread never waits for computation.
 #pragma once
 
 #include <functional>

@@ -1,6 +1,10 @@
 #include "epo/schedule/schedule.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <stdexcept>
 
 namespace epo::schedule {
 namespace {
@@ -26,28 +30,56 @@ struct Builder {
         if (moe(l))
             add(mb, l, NodeKind::kCombine, Phase::kForward);
     }
-    // Weight gradients are never delayed outside the combined steps: backward includes them.
-    void layer_backward(int mb, int l) {
-        if (moe(l))
-            add(mb, l, NodeKind::kCombine, Phase::kBackward);
-        add(mb, l, NodeKind::kMlp, Phase::kBackward);
-        if (moe(l))
-            add(mb, l, NodeKind::kDispatch, Phase::kBackward);
-        add(mb, l, NodeKind::kPreDispatch, Phase::kBackward);
-    }
     void forward_alone(int mb) {
         add(mb, -1, NodeKind::kEmbedding, Phase::kForward);
         for (int l = 0; l < num_layers(shape); ++l)
             layer_forward(mb, l);
         add(mb, -1, NodeKind::kOutput, Phase::kForward);
     }
-    void backward_alone(int mb) {
-        add(mb, -1, NodeKind::kOutput, Phase::kBackward);
-        for (int l = num_layers(shape) - 1; l >= 0; --l)
-            layer_backward(mb, l);
-        add(mb, -1, NodeKind::kEmbedding, Phase::kBackward);
+    void check_bucket_ends(const std::vector<int>& ends) const {
+        const bool ordered = std::is_sorted(ends.rbegin(), ends.rend()) &&
+                             std::adjacent_find(ends.begin(), ends.end()) == ends.end();
+        if (!ends.empty() &&
+            (!ordered || ends.front() > num_layers(shape) || ends.back() != kEmbeddingPosition)) {
+            throw std::invalid_argument(
+                fmt::format("grad_bucket_ends [{}] must run strictly down from at most {} to {}",
+                            fmt::join(ends, ", "), num_layers(shape), kEmbeddingPosition));
+        }
     }
-
+    // A micro-batch's backward alone; weight gradients are never delayed outside the combined
+    // steps, so each backward includes them. In the step's last one, gradient buckets are reduced
+    // (schedule.h): a bucket that closed is issued behind the comm call that comes right after,
+    // or at once if a compute call comes next.
+    void backward_alone(int mb, bool last) {
+        static const std::vector<int> kNone;
+        const std::vector<int>& ends = last ? shape.grad_bucket_ends : kNone;
+        check_bucket_ends(ends);
+        size_t closed = 0, issued = 0;
+        const auto close = [&](int position) {
+            while (closed < ends.size() && ends[closed] == position)
+                ++closed;
+        };
+        const auto issue = [&] {
+            for (; issued < closed; ++issued)
+                add(mb, static_cast<int>(issued), NodeKind::kGradReduce, Phase::kBackward);
+        };
+        add(mb, -1, NodeKind::kOutput, Phase::kBackward);
+        close(num_layers(shape));
+        for (int l = num_layers(shape) - 1; l >= 0; --l) {
+            if (moe(l))
+                add(mb, l, NodeKind::kCombine, Phase::kBackward);
+            issue();
+            add(mb, l, NodeKind::kMlp, Phase::kBackward);
+            if (moe(l))
+                add(mb, l, NodeKind::kDispatch, Phase::kBackward);
+            add(mb, l, NodeKind::kPreDispatch, Phase::kBackward);
+            close(l);
+        }
+        issue();
+        add(mb, -1, NodeKind::kEmbedding, Phase::kBackward);
+        close(kEmbeddingPosition);
+        issue();
+    }
     // One combined step: forward of micro-batch f with backward of micro-batch b.
     void combined_step(int f, int b) {
         const int L = num_layers(shape);
@@ -85,8 +117,10 @@ struct Builder {
 }  // namespace
 
 StreamId stream_of(NodeKind node) {
-    return node == NodeKind::kDispatch || node == NodeKind::kCombine ? StreamId::kComm
-                                                                     : StreamId::kCompute;
+    return node == NodeKind::kDispatch || node == NodeKind::kCombine ||
+                   node == NodeKind::kGradReduce
+               ? StreamId::kComm
+               : StreamId::kCompute;
 }
 
 const char* node_name(NodeKind node) {
@@ -103,6 +137,8 @@ const char* node_name(NodeKind node) {
             return "combine";
         case NodeKind::kOutput:
             return "output";
+        case NodeKind::kGradReduce:
+            return "grad_reduce";
     }
     return "?";
 }
@@ -120,6 +156,9 @@ const char* phase_name(Phase phase) {
 }
 
 std::string call_name(const NodeCall& c) {
+    if (c.node == NodeKind::kGradReduce) {
+        return fmt::format("mb{}.bucket{}.grad_reduce", c.micro_batch, c.layer);
+    }
     if (c.layer < 0) {
         return fmt::format("mb{}.{}.{}", c.micro_batch, node_name(c.node), phase_name(c.phase));
     }
@@ -131,7 +170,7 @@ std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape) {
     Builder b{shape, {}};
     for (int mb = 0; mb < shape.num_micro_batches; ++mb) {
         b.forward_alone(mb);
-        b.backward_alone(mb);
+        b.backward_alone(mb, mb + 1 == shape.num_micro_batches);
     }
     return b.calls;
 }
@@ -144,7 +183,7 @@ std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape) {
     b.forward_alone(0);
     for (int i = 0; i + 1 < n; ++i)
         b.combined_step(i + 1, i);
-    b.backward_alone(n - 1);
+    b.backward_alone(n - 1, true);
     return b.calls;
 }
 

@@ -16,6 +16,15 @@
 // Steps 5 and 10 exist only with delay_wgrad_compute (otherwise the weight gradients are part of
 // steps 3 and 9); step 10 of the backward's last layer (layer 0) runs after the whole chunk.
 // Dense layers have no dispatch/combine nodes: those steps are skipped.
+//
+// Gradient reduction (ddp.overlap_grad_reduce): the data-parallel all-reduce of a bucket of
+// gradients is a comm-stream call of the last micro-batch's backward, issued once the backward
+// has finished every parameter of the bucket (runtime.md §4: it may fire only in that last
+// backward, which both schedules run alone). It goes behind the comm call that the backward
+// issues next, if that comes immediately (so it never delays it), and fills the comm stream's
+// gap while the next compute node runs. Nothing of the micro-batch waits for it; the optimizer
+// step waits for the whole comm stream. Both schedules issue the same buckets in the same order
+// with the same collective, so gradients stay bit-identical.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +33,13 @@
 
 namespace epo::schedule {
 
-enum class NodeKind { kEmbedding, kPreDispatch, kDispatch, kMlp, kCombine, kOutput };
+enum class NodeKind { kEmbedding, kPreDispatch, kDispatch, kMlp, kCombine, kOutput, kGradReduce };
 enum class Phase { kForward, kBackward, kBackwardDw };
 enum class StreamId { kCompute, kComm };
 
 struct NodeCall {
     int micro_batch = 0;
-    int layer = -1;  // -1 for embedding and output
+    int layer = -1;  // -1 for embedding and output; the bucket number for kGradReduce
     NodeKind node = NodeKind::kEmbedding;
     Phase phase = Phase::kForward;
     // kBackward of a node whose weight gradients are delayed computes input gradients only.
@@ -39,18 +48,28 @@ struct NodeCall {
     bool operator==(const NodeCall&) const = default;
 };
 
-// Which stream a node runs on (runtime.md §3): dispatch and combine on the comm stream.
+// Which stream a node runs on (runtime.md §3): dispatch, combine and gradient reduction on the
+// comm stream.
 StreamId stream_of(NodeKind node);
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
-// "mb3.layer1.mlp.backward" style names for traces and logs.
+// "mb3.layer1.mlp.backward" style names for traces and logs; "mb7.bucket0.grad_reduce" for a
+// gradient bucket's reduction.
 std::string call_name(const NodeCall& call);
 
 struct ScheduleShape {
     int num_micro_batches = 1;
     std::vector<bool> moe_layers;  // one entry per layer: true = MoE (has dispatch/combine)
     bool delay_wgrad = false;      // overlap schedule only
+    // Gradient buckets reduced during the last micro-batch's backward, in firing order: bucket
+    // b closes at model position grad_bucket_ends[b], after that position's backward. Positions:
+    // L = the output layer and final norm, 0..L-1 the layers, -1 the embedding; the list runs
+    // down from L and its last entry is -1. Empty: gradients are reduced by the optimizer step.
+    std::vector<int> grad_bucket_ends;
 };
+
+// Model positions in backward order: the output layer (L), layers L-1 down to 0, embedding (-1).
+inline constexpr int kEmbeddingPosition = -1;
 
 std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape);
 std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape);

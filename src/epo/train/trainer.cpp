@@ -9,7 +9,9 @@
 #include <stdexcept>
 
 #include "epo/comm/mpi_runtime.h"
+#include "epo/config/finalize.h"
 #include "epo/schedule/executor.h"
+#include "epo/train/grad_buckets.h"
 #include "epo/train/nonfinite.h"
 
 namespace epo::train {
@@ -131,6 +133,7 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     const model::GptShape& s = model_->shape();
     schedule::ScheduleShape sched{static_cast<int>(num_micro_batches_), s.moe_layers,
                                   cfg.model.delay_wgrad_compute};
+    plan_grad_buckets(sched);
     calls_ = overlap_ ? schedule::overlap_schedule(sched) : schedule::baseline_schedule(sched);
     injected_failure_ = injected_failure_from_env();
     if (injected_failure_ &&
@@ -163,6 +166,63 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
 
 Trainer::~Trainer() = default;
 
+void Trainer::plan_grad_buckets(schedule::ScheduleShape& sched) {
+    const int dp = streams_.comm->groups()->dp.size();
+    const int edp = streams_.comm->groups()->edp.size();
+    if (!cfg_.ddp.overlap_grad_reduce || (dp <= 1 && edp <= 1)) {
+        return;
+    }
+    // What each position would add to a bucket: the gradients that have a group to reduce over.
+    const auto bucket_entry = [&](int position) {
+        model::GptModel::PositionParams p = model_->params_at(position);
+        if (dp <= 1)
+            p.dense.clear();
+        if (edp <= 1)
+            p.expert.clear();
+        return p;
+    };
+    const auto bytes_at = [&](int position) {
+        int64_t bytes = 0;
+        const model::GptModel::PositionParams p = bucket_entry(position);
+        for (const auto* list : {&p.dense, &p.expert})
+            for (const Param* param : *list)
+                bytes += param->main_grad.numel() * static_cast<int64_t>(sizeof(float));
+        return bytes;
+    };
+    const int num_layers = static_cast<int>(model_->shape().num_layers);
+    // Unset: the bucket size the configuration finalizes to for bucketed overlap (128 MiB).
+    sched.grad_bucket_ends = grad_bucket_ends(
+        num_layers, bytes_at, cfg_.ddp.bucket_size.value_or(config::kDefaultBucketSize));
+    size_t bucket = 0;
+    grad_buckets_.resize(sched.grad_bucket_ends.size());
+    for (int position = num_layers; position >= schedule::kEmbeddingPosition; --position) {
+        const model::GptModel::PositionParams p = bucket_entry(position);
+        GradBucket& b = grad_buckets_[bucket];
+        b.dense.insert(b.dense.end(), p.dense.begin(), p.dense.end());
+        b.expert.insert(b.expert.end(), p.expert.begin(), p.expert.end());
+        if (sched.grad_bucket_ends[bucket] == position)
+            ++bucket;
+    }
+}
+
+// Sums gradients over the data-parallel ranks: dense over all ranks, experts over the ranks
+// holding the same experts. One blocking all-reduce per parameter, whichever stream runs it,
+// so the sums are the same with and without bucketed overlap.
+void Trainer::reduce_grads(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
+                           comm::ProcessGroups& groups) {
+    auto grad_of = [](Param* p) {
+        return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
+    };
+    if (groups.dp.size() > 1) {
+        for (Param* p : dense)
+            groups.dp.all_reduce_sum(grad_of(p));
+    }
+    if (groups.edp.size() > 1) {
+        for (Param* p : expert)
+            groups.edp.all_reduce_sum(grad_of(p));
+    }
+}
+
 StepResult Trainer::step() {
     const model::GptShape& s = model_->shape();
     const int n = static_cast<int>(num_micro_batches_);
@@ -183,6 +243,11 @@ StepResult Trainer::step() {
     StepResult result;
     result.step = steps_done_ + 1;
     const auto body = [this](const schedule::NodeCall& call, runtime::StreamContext& ctx) {
+        if (call.node == schedule::NodeKind::kGradReduce) {
+            const GradBucket& b = grad_buckets_[static_cast<size_t>(call.layer)];
+            reduce_grads(b.dense, b.expert, ctx.comm());
+            return;
+        }
         Arena& scratch = schedule::stream_of(call.node) == schedule::StreamId::kCompute
                              ? compute_scratch_
                              : comm_scratch_;
@@ -246,25 +311,21 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
 
     // Gradients averaged over the data-parallel size: dense over all ranks, experts over the
     // ranks holding the same experts (their token contributions from the other EP ranks
-    // already arrived through the all-to-all backward). The averaging and the squares for the
-    // global norm are one pass.
+    // already arrived through the all-to-all backward). With bucketed overlap the sums were
+    // taken during the last backward. The averaging and the squares for the global norm are
+    // one pass, in parameter order either way.
+    if (grad_buckets_.empty()) {
+        reduce_grads(dense, expert, groups);
+    }
     const float inv_dp = 1.0f / static_cast<float>(dp_size_);
     auto grad_of = [](Param* p) {
         return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
     };
     double dense_sq = 0, expert_sq = 0;
-    for (Param* p : dense) {
-        if (groups.dp.size() > 1) {
-            groups.dp.all_reduce_sum(grad_of(p));
-        }
+    for (Param* p : dense)
         dense_sq += scale_and_sum_squares(grad_of(p).data(), grad_of(p).size(), inv_dp);
-    }
-    for (Param* p : expert) {
-        if (groups.edp.size() > 1) {
-            groups.edp.all_reduce_sum(grad_of(p));
-        }
+    for (Param* p : expert)
         expert_sq += scale_and_sum_squares(grad_of(p).data(), grad_of(p).size(), inv_dp);
-    }
 
     // Global norm: dense gradients are identical on every rank; expert gradients differ across
     // the EP group, whose sum of squares is added up in rank order.

@@ -1,8 +1,9 @@
 // The training loop of one rank: data for each micro-batch, the step's schedule (baseline, or
 // the combined-1F1B overlap schedule when overlap_moe_expert_parallel_comm is on) issued to the
 // compute and comm streams, then on the compute stream: gradient reduction over data-parallel
-// groups, global gradient norm and clipping, AdamW on fp32 masters, fresh compute copies,
-// expert-bias updates and the step's loss reduction.
+// groups (unless ddp.overlap_grad_reduce already reduced the gradients bucket by bucket on the
+// comm stream during the last backward), global gradient norm and clipping, AdamW on fp32
+// masters, fresh compute copies, expert-bias updates and the step's loss reduction.
 //
 // Every rank runs the same Trainer; collectives go through each stream's own communicators.
 // Both schedules run the same nodes, kernels and collectives in the same per-parameter order, so
@@ -105,7 +106,13 @@ private:
         std::vector<Param*> params;
         std::vector<std::vector<float>> exp_avg, exp_avg_sq;  // [param](numel) Adam m and v
     };
+    struct GradBucket {
+        std::vector<Param*> dense, expert;
+    };
     void finish_step(runtime::StreamContext& ctx, StepResult& result);
+    void plan_grad_buckets(schedule::ScheduleShape& sched);
+    void reduce_grads(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
+                      comm::ProcessGroups& groups);
 
     config::Config cfg_;
     TrainerOptions options_;
@@ -128,6 +135,7 @@ private:
     AdamConfig adam_;
     double clip_grad_ = 1.0;
     std::vector<schedule::NodeCall> calls_;
+    std::vector<GradBucket> grad_buckets_;  // empty: the optimizer step reduces the gradients
     std::optional<InjectedFailure> injected_failure_;
 };
 
