@@ -80,8 +80,9 @@ void BM_DispatchCombineVsRawMpi(benchmark::State& state) {
     const Setup s(tokens, me);
     Arena arena;
     TokenDispatch d;
-    alltoall::dispatch_preprocess(s.cfg, groups->ep, s.routing, d, arena);
+    alltoall::dispatch_preprocess(s.cfg, groups->ep.size(), groups->ep.rank(), s.routing, d, arena);
     alltoall::dispatch_permute(s.routing, s.x, d);
+    alltoall::exchange_counts(s.cfg, groups->ep, d, arena);
     const Tensor y = Tensor::empty({tokens, kHidden}, DType::kBF16);
     // Raw MPI_Alltoallv in bytes with the dispatcher's layouts.
     const std::int64_t row = kHidden * 2;
@@ -154,7 +155,8 @@ void BM_DispatchLinkModel(benchmark::State& state) {
     const Setup s(tokens, me);
     Arena arena;
     TokenDispatch d;
-    alltoall::dispatch_preprocess(s.cfg, groups->ep, s.routing, d, arena);
+    alltoall::dispatch_preprocess(s.cfg, groups->ep.size(), groups->ep.rank(), s.routing, d, arena);
+    alltoall::exchange_counts(s.cfg, groups->ep, d, arena);
     // One untimed dispatch + combine first (MPI's first use of its shared-memory segments).
     alltoall::token_dispatch(groups->ep, d);
     alltoall::token_combine(groups->ep, d);

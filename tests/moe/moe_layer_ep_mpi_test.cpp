@@ -120,7 +120,7 @@ bool has_shared(const MoeConfig& cfg) {
 }
 
 MoeLosses pre_dispatch(const MoeConfig& cfg, const MoeLayerParams& p, const Tensor& x, EpState& st,
-                       comm::Communicator& ep_compute) {
+                       int ep_size, int ep_rank) {
     st.arena.reset();
     if (has_shared(cfg)) {
         st.shared_out = st.arena.alloc({x.dim(0), cfg.hidden_size}, DType::kF32);
@@ -129,11 +129,12 @@ MoeLosses pre_dispatch(const MoeConfig& cfg, const MoeLayerParams& p, const Tens
         st.shared_out = Tensor();
     }
     st.router = router_forward(cfg, p.router, x, 1, st.arena);
-    alltoall::dispatch_preprocess(cfg, ep_compute, st.router, st.dispatch, st.arena);
+    alltoall::dispatch_preprocess(cfg, ep_size, ep_rank, st.router, st.dispatch, st.arena);
     alltoall::dispatch_permute(st.router, x, st.dispatch);
     return {st.router.aux_loss, st.router.z_loss};
 }
-void dispatch_node(EpState& st, comm::Communicator& ep) {
+void dispatch_node(const MoeConfig& cfg, EpState& st, comm::Communicator& ep) {
+    alltoall::exchange_counts(cfg, ep, st.dispatch, st.arena);
     alltoall::token_dispatch(ep, st.dispatch);
 }
 void mlp(const MoeLayerParams& p, EpState& st) {
@@ -183,8 +184,8 @@ void pre_dispatch_backward(const MoeConfig& cfg, MoeLayerParams& p, const Tensor
 
 MoeLosses forward_ep(const MoeConfig& cfg, const MoeLayerParams& p, const Tensor& x, EpState& st,
                      const Tensor& y, comm::Communicator& ep) {
-    const MoeLosses losses = pre_dispatch(cfg, p, x, st, ep);
-    dispatch_node(st, ep);
+    const MoeLosses losses = pre_dispatch(cfg, p, x, st, ep.size(), ep.rank());
+    dispatch_node(cfg, st, ep);
     mlp(p, st);
     combine(st, y, ep);
     return losses;
@@ -514,12 +515,12 @@ TEST(MoeLayerEp, NodesOnTwoStreamsMatchTheInOrderLayer) {
         };
         for (int m = 0; m < kMicroBatches; ++m) {
             node(compute, m, "pre_dispatch", [&, m](runtime::StreamContext& sc) {
-                pre_dispatch(cfg, streamed, x[m], ctx[m], sc.comm().ep);
+                pre_dispatch(cfg, streamed, x[m], ctx[m], sc.comm().ep.size(), sc.comm().ep.rank());
             });
         }
         for (int m = 0; m < kMicroBatches; ++m) {
             node(comm, m, "dispatch",
-                 [&, m](runtime::StreamContext& sc) { dispatch_node(ctx[m], sc.comm().ep); });
+                 [&, m](runtime::StreamContext& sc) { dispatch_node(cfg, ctx[m], sc.comm().ep); });
             node(compute, m, "mlp", [&, m](runtime::StreamContext&) { mlp(streamed, ctx[m]); });
             node(comm, m, "combine",
                  [&, m](runtime::StreamContext& sc) { combine(ctx[m], y[m], sc.comm().ep); });
@@ -537,10 +538,10 @@ TEST(MoeLayerEp, NodesOnTwoStreamsMatchTheInOrderLayer) {
             });
         }
         streams.synchronize();
-        // The all-to-alls ran on the comm stream's communicators, the count exchange on the
-        // compute stream's.
-        EXPECT_EQ(streams.comm->groups()->ep.stats().num_ops, 6 * kMicroBatches);  // 2+1, 1+2
-        EXPECT_EQ(streams.compute->groups()->ep.stats().num_ops, kMicroBatches);
+        // The count exchange and the all-to-alls ran on the comm stream's communicators, nothing
+        // on the compute stream's.
+        EXPECT_EQ(streams.comm->groups()->ep.stats().num_ops, 7 * kMicroBatches);  // 1+2+1, 1+2
+        EXPECT_EQ(streams.compute->groups()->ep.stats().num_ops, 0);
     }
     for (int m = 0; m < kMicroBatches; ++m) {
         EXPECT_TRUE(same_bits(y[m], y_ref[m])) << "micro-batch " << m;

@@ -139,8 +139,9 @@ void check_round_trip(const MoeConfig& cfg, int ep_size, Routing how) {
     const Tokens mine = make_tokens(me, cfg.topk, cfg.num_experts, how);
     Arena arena;
     TokenDispatch d;
-    alltoall::dispatch_preprocess(cfg, ep, mine.routing, d, arena);
+    alltoall::dispatch_preprocess(cfg, ep.size(), ep.rank(), mine.routing, d, arena);
     alltoall::dispatch_permute(mine.routing, mine.x, d);
+    alltoall::exchange_counts(cfg, ep, d, arena);
     alltoall::token_dispatch(ep, d);
     alltoall::dispatch_postprocess(d);
     expect_expert_major(cfg, d, ep.members().world_ranks, how, d.expert_rows, d.expert_probs);
@@ -214,9 +215,11 @@ TEST(TokenDispatcher, BackwardAllToAllsSwapTheSplits) {
     const Tokens mine = make_tokens(world_rank(), 2, 12, Routing::kSpread);
     Arena arena;
     TokenDispatch d;
-    alltoall::dispatch_preprocess(cfg, groups->ep, mine.routing, d, arena);
+    alltoall::dispatch_preprocess(cfg, groups->ep.size(), groups->ep.rank(), mine.routing, d,
+                                  arena);
     const int me = groups->ep.rank();
     alltoall::dispatch_permute(mine.routing, mine.x, d);
+    alltoall::exchange_counts(cfg, groups->ep, d, arena);
     alltoall::token_dispatch(groups->ep, d);
     alltoall::dispatch_postprocess(d);
     alltoall::combine_postprocess_backward(mine.x, d, arena);

@@ -195,6 +195,30 @@ TEST(Trainer, BucketedGradReduceMatchesAndRunsOnTheCommStream) {
     }
 }
 
+// The compute stream runs no collective before the optimizer step: the count exchange is part of
+// the dispatch node (comm stream), so no compute node waits for a slower rank.
+TEST(Trainer, ComputeNodesCommunicateNothing) {
+    const int world = comm::current_world_size();
+    const config::Config cfg = epo::testing::run_config(
+        "tiny-moe", tiny(world, {"train.global_batch_size=" + std::to_string(2 * world * 2),
+                                 "comm_overlap.overlap_moe_expert_parallel_comm=true"}));
+    Trainer t(cfg, {.keep_records = true});
+    const StepResult r = t.step();
+    int dispatches = 0;
+    for (const runtime::TaskRecord& rec : r.records) {
+        if (rec.stream == "compute" && rec.name != "optimizer_step") {
+            EXPECT_EQ(rec.bytes.sent() + rec.bytes.received(), 0) << rec.name;
+        }
+        if (rec.name.find("dispatch.forward") != std::string::npos &&
+            rec.name.find("pre_dispatch") == std::string::npos) {
+            ++dispatches;
+            EXPECT_EQ(rec.stream, "comm");
+            EXPECT_GT(rec.bytes.sent(), 0) << rec.name;
+        }
+    }
+    EXPECT_EQ(dispatches, 2 * 2);  // 2 micro-batches x 2 MoE layers
+}
+
 // Heavily skewed routing (the router rows of experts 0 and 1, both on rank 0, scaled up so most
 // tokens pick them, in a per-token random direction) with many micro-batches in flight: the
 // overlap schedule must finish (ctest's timeout and comm.timeout_s bound it) and still match the

@@ -328,7 +328,7 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
             }
             return;
         case NodeKind::kDispatch:
-            c.phase == Phase::kForward ? dispatch_forward(st, a) : dispatch_backward(st, a);
+            c.phase == Phase::kForward ? dispatch_forward(s, st, a) : dispatch_backward(st, a);
             return;
         case NodeKind::kMlp:
             if (c.phase == Phase::kForward) {

@@ -104,11 +104,13 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
     for (size_t e = 0; e < stats.routed_counts.size(); ++e) {
         stats.routed_counts[e] += st.router.routed_counts[e];
     }
-    moe::alltoall::dispatch_preprocess(s.moe, *a.ep, st.router, st.dispatch, ar);
+    moe::alltoall::dispatch_preprocess(s.moe, a.ep->size(), a.ep->rank(), st.router, st.dispatch,
+                                       ar);
     moe::alltoall::dispatch_permute(st.router, st.n2, st.dispatch);
 }
 
-void dispatch_forward(LayerState& st, const NodeArgs& a) {
+void dispatch_forward(const LayerShape& s, LayerState& st, const NodeArgs& a) {
+    moe::alltoall::exchange_counts(s.moe, *a.ep, st.dispatch, st.arena);
     moe::alltoall::token_dispatch(*a.ep, st.dispatch);
 }
 

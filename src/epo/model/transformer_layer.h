@@ -2,8 +2,8 @@
 // (input gradients; weight gradients too unless they are delayed) and backward_dw:
 //
 //   pre_dispatch  n1 = norm(x); h = x + attention(n1); n2 = norm(h);
-//                 MoE: shared expert, router, dispatch preprocess (count exchange), permute
-//   dispatch      all-to-all of rows and weights                                  (comm stream)
+//                 MoE: shared expert, router, dispatch preprocess (local counts), permute
+//   dispatch      count exchange, all-to-all of rows and weights                  (comm stream)
 //   mlp           MoE: chunk sort, grouped experts, inverse sort; dense: out = h + mlp(n2)
 //   combine       all-to-all back, unpermute, + shared expert, out = h + moe(n2)   (comm stream)
 // backward (reverse):
@@ -102,7 +102,7 @@ struct NodeArgs {
 
 void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
                           LayerState& st, LayerStepStats& stats, const NodeArgs& a);
-void dispatch_forward(LayerState& st, const NodeArgs& a);
+void dispatch_forward(const LayerShape& s, LayerState& st, const NodeArgs& a);
 // Dense layers: writes out (T, H) f32 = h + mlp(n2). MoE layers: `out` is unused.
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                  const NodeArgs& a);

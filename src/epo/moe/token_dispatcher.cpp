@@ -16,17 +16,30 @@ size_t row_bytes(const Tensor& rows) {
 
 }  // namespace
 
-void dispatch_preprocess(const MoeConfig& cfg, comm::Communicator& ep_compute,
+void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
                          const RouterOutput& routing, TokenDispatch& d, Arena& arena) {
-    const int ep = ep_compute.size();
     const int64_t E = cfg.num_experts, H = cfg.hidden_size;
-    EPO_CHECK(E % ep == 0, "{} experts over an expert-parallel group of {}", E, ep);
-    const int64_t L = E / ep;
-    d.ep_size = ep;
-    d.ep_rank = ep_compute.rank();
+    EPO_CHECK(E % ep_size == 0, "{} experts over an expert-parallel group of {}", E, ep_size);
+    d.ep_size = ep_size;
+    d.ep_rank = ep_rank;
     d.plan = moe::dispatch_preprocess(cfg, routing.topk_index, routing.topk_weight, arena);
+    d.send_segments = make_expert_segments(d.plan.tokens_per_expert, 1);
+    const DType cd = compute_dtype(cfg);
+    const int64_t R = d.send_segments.total_rows();
+    d.send_rows = arena.alloc({R, H}, cd);
+    d.send_probs = arena.alloc({R}, DType::kF32);
+    d.combine_recv = arena.alloc({R, H}, cd);
+}
+
+void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, TokenDispatch& d,
+                     Arena& arena) {
+    const int ep = d.ep_size;
+    EPO_CHECK(ep_comm.size() == ep && ep_comm.rank() == d.ep_rank,
+              "the counts of a dispatch planned for EP rank {} of {} exchanged as rank {} of {}",
+              d.ep_rank, ep, ep_comm.rank(), ep_comm.size());
+    const int64_t E = cfg.num_experts, H = cfg.hidden_size;
+    const int64_t L = E / ep;
     const std::vector<int64_t>& local = d.plan.tokens_per_expert;  // [E] rows this rank sends
-    d.send_segments = make_expert_segments(local, 1);
 
     // Rows this rank receives for each of its experts from each source rank. With padding to
     // capacity every count is the capacity (the same on every rank, which routes micro-batches
@@ -36,7 +49,7 @@ void dispatch_preprocess(const MoeConfig& cfg, comm::Communicator& ep_compute,
         std::fill(d.recv_counts.begin(), d.recv_counts.end(), d.plan.capacity);
     } else {
         std::vector<int64_t> gathered(static_cast<size_t>(ep * E));
-        ep_compute.all_gather(std::span<const int64_t>(local), std::span<int64_t>(gathered));
+        ep_comm.all_gather(std::span<const int64_t>(local), std::span<int64_t>(gathered));
         for (int s = 0; s < ep; ++s) {
             for (int64_t l = 0; l < L; ++l) {
                 d.recv_counts[s * L + l] = gathered[s * E + d.ep_rank * L + l];
@@ -56,17 +69,13 @@ void dispatch_preprocess(const MoeConfig& cfg, comm::Communicator& ep_compute,
     d.to_experts = rank_major_to_expert_major(d.recv_counts, ep, d.expert_segments);
 
     const DType cd = compute_dtype(cfg);
-    const int64_t R = d.send_segments.total_rows(), Rr = d.layout.recv_extent(),
-                  Rp = d.expert_segments.total_rows();
-    d.send_rows = arena.alloc({R, H}, cd);
-    d.send_probs = arena.alloc({R}, DType::kF32);
+    const int64_t Rr = d.layout.recv_extent(), Rp = d.expert_segments.total_rows();
     d.recv_rows = arena.alloc({Rr, H}, cd);
     d.recv_probs = arena.alloc({Rr}, DType::kF32);
     d.expert_rows = arena.alloc({Rp, H}, cd);
     d.expert_probs = arena.alloc({Rp}, DType::kF32);
     d.expert_out = arena.alloc({Rp, H}, cd);
     d.combine_send = arena.alloc({Rr, H}, cd);
-    d.combine_recv = arena.alloc({R, H}, cd);
 }
 
 void dispatch_permute(const RouterOutput& routing, const Tensor& x, TokenDispatch& d) {

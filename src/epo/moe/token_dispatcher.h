@@ -1,12 +1,18 @@
 // The `alltoall` token dispatcher over the expert-parallel group (runtime.md §2), split into the
 // phases the layer's nodes run on their streams:
 //
-//   pre_dispatch (compute)  dispatch_preprocess: plan, count exchange (all-gather of per-expert
-//                           counts on the compute stream's EP communicator; skipped when padding
-//                           to capacity fixes every count), the all-to-all layout;
-//                           dispatch_permute: rows (and their weights) into the send buffer in
-//                           global expert order, which is destination-rank order
-//   dispatch (comm)         token_dispatch: all-to-all of rows and weights
+//   pre_dispatch (compute)  dispatch_preprocess: plan, this rank's per-expert counts, send
+//                           buffers; dispatch_permute: rows (and their weights) into the send
+//                           buffer in global expert order, which is destination-rank order
+//   dispatch (comm)         exchange_counts: all-gather of the per-expert counts (skipped when
+//                           padding to capacity fixes every count), the all-to-all layout,
+//                           receive buffers; token_dispatch: all-to-all of rows and weights
+//
+// The count exchange is the dispatch's first step (as DeepEP's notify step is), not the end of
+// pre_dispatch as in the reference's alltoall dispatcher: a collective on the compute stream
+// holds the compute stream until the slowest rank arrives, a wait the overlap schedule cannot
+// hide; on the comm stream the other micro-batch's compute runs meanwhile. Only the counts'
+// consumers (layout, receive buffers, expert segments) come after it, all in dispatch or later.
 //   mlp (compute)           dispatch_postprocess: chunk sort, source-rank-major -> expert-major
 //                           segments; [experts]; combine_preprocess: the inverse sort
 //   combine (comm)          token_combine: all-to-all back; combine_postprocess: unpermute, the
@@ -67,10 +73,14 @@ namespace alltoall {
 
 // --- forward -------------------------------------------------------------------------------
 
-// `ep_compute` is the compute stream's EP communicator (the count exchange belongs to the
-// pre_dispatch node). Allocates every forward buffer from `arena`.
-void dispatch_preprocess(const MoeConfig& cfg, comm::Communicator& ep_compute,
+// Plans this rank's side of the dispatch for EP rank `ep_rank` of `ep_size`; allocates the
+// send-side forward buffers from `arena`. No communication.
+void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
                          const RouterOutput& routing, TokenDispatch& d, Arena& arena);
+// `ep_comm` is the comm stream's EP communicator. Learns what every rank sends this rank's
+// experts, sets the layout and the expert segments, allocates the receive-side buffers.
+void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, TokenDispatch& d,
+                     Arena& arena);
 // x (T, H) compute dtype -> send buffers.
 void dispatch_permute(const RouterOutput& routing, const Tensor& x, TokenDispatch& d);
 // `ep_comm` is the comm stream's EP communicator.
