@@ -14,6 +14,7 @@
 #include "epo/config/report.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
+#include "epo/schedule/schedule.h"
 #include "epo/train/train_run.h"
 #include "epo/train/trainer.h"
 
@@ -124,7 +125,8 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
             if (t.kind != runtime::RecordKind::kTask || sent + recv == 0) {
                 continue;
             }
-            const bool bucket = node_kind_of(t.name) == "grad_reduce";
+            const bool bucket =
+                node_kind_of(t.name) == schedule::node_name(schedule::NodeKind::kGradReduce);
             (t.stream != "comm" ? other
              : bucket           ? buckets
                                 : a2a) += static_cast<double>(std::max(sent, recv));

@@ -15,7 +15,7 @@ double critical_path_seconds(const std::vector<NodeCall>& calls,
         const double start = std::max(free, micro_batch_done[c.micro_batch]);
         const double end = start + duration_s(c);
         free = end;
-        if (c.node != NodeKind::kGradReduce)  // a side branch, as in the executor
+        if (!is_side_branch(c.node))
             micro_batch_done[c.micro_batch] = end;
         last = std::max(last, end);
     }

@@ -26,7 +26,7 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
             (*shared_body)(call, ctx);
         });
         // A gradient reduction is a side branch: nothing of the micro-batch waits for it.
-        if (call.node != NodeKind::kGradReduce) {
+        if (!is_side_branch(call.node)) {
             stream.record(event);
         }
     }

@@ -36,7 +36,8 @@ struct Builder {
             layer_forward(mb, l);
         add(mb, -1, NodeKind::kOutput, Phase::kForward);
     }
-    void check_bucket_ends(const std::vector<int>& ends) const {
+    void check_bucket_ends() const {
+        const std::vector<int>& ends = shape.grad_bucket_ends;
         const bool ordered = std::is_sorted(ends.rbegin(), ends.rend()) &&
                              std::adjacent_find(ends.begin(), ends.end()) == ends.end();
         if (!ends.empty() &&
@@ -51,9 +52,8 @@ struct Builder {
     // (schedule.h): a bucket that closed is issued behind the comm call that comes right after,
     // or at once if a compute call comes next.
     void backward_alone(int mb, bool last) {
-        static const std::vector<int> kNone;
-        const std::vector<int>& ends = last ? shape.grad_bucket_ends : kNone;
-        check_bucket_ends(ends);
+        const std::vector<int> none;
+        const std::vector<int>& ends = last ? shape.grad_bucket_ends : none;
         size_t closed = 0, issued = 0;
         const auto close = [&](int position) {
             while (closed < ends.size() && ends[closed] == position)
@@ -168,6 +168,7 @@ std::string call_name(const NodeCall& c) {
 
 std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape) {
     Builder b{shape, {}};
+    b.check_bucket_ends();
     for (int mb = 0; mb < shape.num_micro_batches; ++mb) {
         b.forward_alone(mb);
         b.backward_alone(mb, mb + 1 == shape.num_micro_batches);
@@ -177,6 +178,7 @@ std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape) {
 
 std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape) {
     Builder b{shape, {}};
+    b.check_bucket_ends();
     const int n = shape.num_micro_batches;
     if (n <= 0)
         return {};

@@ -51,6 +51,11 @@ struct NodeCall {
 // Which stream a node runs on (runtime.md §3): dispatch, combine and gradient reduction on the
 // comm stream.
 StreamId stream_of(NodeKind node);
+// A side branch of its micro-batch (gradient reduction): it waits for the micro-batch's previous
+// call like any call, but the micro-batch's next call does not wait for it.
+inline bool is_side_branch(NodeKind node) {
+    return node == NodeKind::kGradReduce;
+}
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
 // "mb3.layer1.mlp.backward" style names for traces and logs; "mb7.bucket0.grad_reduce" for a

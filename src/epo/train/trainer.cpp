@@ -172,31 +172,35 @@ void Trainer::plan_grad_buckets(schedule::ScheduleShape& sched) {
     if (!cfg_.ddp.overlap_grad_reduce || (dp <= 1 && edp <= 1)) {
         return;
     }
-    // What each position would add to a bucket: the gradients that have a group to reduce over.
-    const auto bucket_entry = [&](int position) {
+    // What each position adds to a bucket: the gradients that have a group to reduce over.
+    // Indexed by position + 1 (the embedding is -1).
+    const int num_layers = static_cast<int>(model_->shape().num_layers);
+    std::vector<model::GptModel::PositionParams> entries;
+    for (int position = schedule::kEmbeddingPosition; position <= num_layers; ++position) {
         model::GptModel::PositionParams p = model_->params_at(position);
         if (dp <= 1)
             p.dense.clear();
         if (edp <= 1)
             p.expert.clear();
-        return p;
+        entries.push_back(std::move(p));
+    }
+    const auto entry = [&](int position) -> const model::GptModel::PositionParams& {
+        return entries[static_cast<size_t>(position - schedule::kEmbeddingPosition)];
     };
     const auto bytes_at = [&](int position) {
         int64_t bytes = 0;
-        const model::GptModel::PositionParams p = bucket_entry(position);
-        for (const auto* list : {&p.dense, &p.expert})
+        for (const auto* list : {&entry(position).dense, &entry(position).expert})
             for (const Param* param : *list)
                 bytes += param->main_grad.numel() * static_cast<int64_t>(sizeof(float));
         return bytes;
     };
-    const int num_layers = static_cast<int>(model_->shape().num_layers);
     // Unset: the bucket size the configuration finalizes to for bucketed overlap (128 MiB).
     sched.grad_bucket_ends = grad_bucket_ends(
         num_layers, bytes_at, cfg_.ddp.bucket_size.value_or(config::kDefaultBucketSize));
     size_t bucket = 0;
     grad_buckets_.resize(sched.grad_bucket_ends.size());
     for (int position = num_layers; position >= schedule::kEmbeddingPosition; --position) {
-        const model::GptModel::PositionParams p = bucket_entry(position);
+        const model::GptModel::PositionParams& p = entry(position);
         GradBucket& b = grad_buckets_[bucket];
         b.dense.insert(b.dense.end(), p.dense.begin(), p.dense.end());
         b.expert.insert(b.expert.end(), p.expert.begin(), p.expert.end());
