@@ -113,6 +113,7 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
     const auto& cal = m.at("calibration");
     const double bytes = cal.at("alltoall_bytes_per_step").get<double>() +
                          cal.at("grad_reduce_bytes_per_step").get<double>() +
+                         cal.at("param_gather_bytes_per_step").get<double>() +
                          cal.at("compute_stream_bytes_per_step").get<double>();
     EXPECT_GT(cal.at("alltoall_bytes_per_step").get<double>(), 0);
     EXPECT_NEAR(m.at("link").at("inter_node_gbps").get<double>(),

@@ -121,6 +121,48 @@ TEST_F(Resume, ContinuesBitIdenticallyPastTheDebrisOfAnInterruptedSave) {
     }
 }
 
+// Checkpoints hold whole tensors whatever the optimizer: a distributed-optimizer run (shards
+// of masters and moments gathered at save) continues a plain run's checkpoint, and a plain run
+// continues a distributed one's, both bit-identically to the uninterrupted plain run.
+TEST_F(Resume, DistributedAndPlainOptimizersResumeEachOthersCheckpoints) {
+    const std::vector<std::string> distributed = {"ddp.use_distributed_optimizer=true",
+                                                  "ddp.overlap_grad_reduce=true",
+                                                  "ddp.overlap_param_gather=true"};
+    const auto expect_reference = [&](const TrainRunResult& r, int64_t first) {
+        ASSERT_EQ(r.first_iteration, first);
+        ASSERT_EQ(r.steps.size(), static_cast<size_t>(5 - first + 1));
+        for (size_t i = 0; i < r.steps.size(); ++i) {
+            const StepResult& want = reference_->steps[static_cast<size_t>(first - 1) + i];
+            EXPECT_EQ(bits(r.steps[i].lm_loss), bits(want.lm_loss)) << "step " << want.step;
+            EXPECT_EQ(bits(r.steps[i].grad_norm), bits(want.grad_norm)) << "step " << want.step;
+        }
+    };
+    // Plain checkpoint of iteration 3 (SetUpTestSuite), resumed by a distributed run.
+    std::vector<std::string> o = {"train.train_iters=5", "checkpoint.load=" + ckpt().string()};
+    o.insert(o.end(), distributed.begin(), distributed.end());
+    const TrainRunResult dist_resumed = train(*dir_ / "f", epo::testing::small_moe(world_, o));
+    expect_reference(dist_resumed, 4);
+
+    // A distributed run from the start, stopped after iteration 4 (which it saves); a plain run
+    // resumes it.
+    const fs::path dist_ckpt = *dir_ / "dist_ckpt";
+    o = {"train.train_iters=5", "checkpoint.save=" + dist_ckpt.string()};
+    o.insert(o.end(), distributed.begin(), distributed.end());
+    const TrainRunResult dist = train(*dir_ / "g", epo::testing::small_moe(world_, o), {},
+                                      [](const Trainer& t, const StepResult& r) {
+                                          if (r.step == 4 && t.world_rank() == 0)
+                                              std::raise(SIGTERM);
+                                      });
+    ASSERT_TRUE(dist.stopped_by_signal);
+    ASSERT_EQ(dist.steps.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+        EXPECT_EQ(bits(dist.steps[i].lm_loss), bits(reference_->steps[i].lm_loss));
+    const TrainRunResult plain_resumed = train(
+        *dir_ / "h", epo::testing::small_moe(
+                         world_, {"train.train_iters=5", "checkpoint.load=" + dist_ckpt.string()}));
+    expect_reference(plain_resumed, 5);
+}
+
 TEST_F(Resume, AnotherConfigurationIsRefusedNamingTheKey) {
     const std::string error = error_of(
         [&] {

@@ -272,6 +272,54 @@ TEST(Collectives, AllReduceIsTheRankOrderedSumOnEveryRank) {
     }
 }
 
+TEST(Collectives, ReduceScatterAndShardGatherMatchAllReduceBitForBit) {
+    const int n = world_size();
+    const int me = world_rank();
+    auto groups = make_groups(1, 1);  // one rank per node: every byte crosses nodes
+    for (int len : {0, 1, 3, 1000, 4097}) {
+        auto value = [](int rank, int i) {
+            return static_cast<float>(std::ldexp(1.0 - 0.07 * i, (rank * 5 + i) % 30 - 15));
+        };
+        std::vector<float> reduced(len), scattered(len);
+        for (int i = 0; i < len; ++i)
+            reduced[i] = scattered[i] = value(me, i);
+        groups->dp.all_reduce_sum(reduced);
+        const ShardRange mine = shard_of(len, n, me);
+        EXPECT_EQ(mine.begin, int64_t{me} * len / n);
+        const OpStats rs = groups->dp.reduce_scatter_sum(scattered);
+        for (int i = 0; i < len; ++i) {
+            if (i >= mine.begin && i < mine.end)
+                ASSERT_EQ(scattered[i], reduced[i]) << "len " << len << " i " << i;
+            else
+                ASSERT_EQ(scattered[i], value(me, i)) << "outside the shard: untouched";
+        }
+        // Peer p receives this rank's part of p's shard; this rank receives its shard from each.
+        if (n > 1) {
+            EXPECT_EQ(rs.bytes.inter_sent, (len - mine.size()) * 4);
+            EXPECT_EQ(rs.bytes.inter_recv, mine.size() * (n - 1) * 4);
+        }
+        const OpStats ag = groups->dp.all_gather_shards(scattered.data(), len, sizeof(float));
+        ASSERT_EQ(scattered, reduced);
+        if (n > 1) {
+            EXPECT_EQ(ag.bytes.inter_sent, mine.size() * (n - 1) * 4);
+            EXPECT_EQ(ag.bytes.inter_recv, (len - mine.size()) * 4);
+        }
+        // Any item size: 2-byte items (bf16 weights) gather the same way.
+        std::vector<uint16_t> halves(len, 0);
+        for (int64_t i = mine.begin; i < mine.end; ++i)
+            halves[i] = static_cast<uint16_t>(i * 3 + 1);
+        groups->dp.all_gather_shards(halves.data(), len, sizeof(uint16_t));
+        for (int i = 0; i < len; ++i)
+            ASSERT_EQ(halves[i], static_cast<uint16_t>(i * 3 + 1));
+    }
+    // Ranks that disagree on the length get an error naming the sizes, not a hang.
+    if (n > 1) {
+        std::vector<float> bad(static_cast<size_t>(10 + me));
+        EXPECT_NE(message_of([&] { groups->world.reduce_scatter_sum(bad); }).find("size"),
+                  std::string::npos);
+    }
+}
+
 TEST(Collectives, BroadcastFromEveryRootAndBarrier) {
     const int n = world_size();
     auto groups = make_groups(1, 1);

@@ -148,10 +148,24 @@ TEST(RuntimeSupport, ReadsTheFinalizedConfig) {
     c.ddp.use_distributed_optimizer = true;
     c.comm_overlap.emplace();
     c.comm_overlap->tp_comm_overlap = false;
-    EXPECT_TRUE(has(validate(c).warnings, "RT012"));
-    c.comm_overlap->overlap_grad_reduce = false;
-    c.comm_overlap->overlap_param_gather = false;
+    // This runtime executes the distributed optimizer and its param-gather overlap.
+    EXPECT_TRUE(validate(c).ok());
     EXPECT_FALSE(has(validate(c).warnings, "RT012"));
+    EXPECT_FALSE(has(validate(c).warnings, "RT013"));
+    ValidateOptions none;
+    none.runtime = RuntimeCapabilities{};
+    EXPECT_TRUE(has(validate(c, none).warnings, "RT013"));
+    // Param-gather overlap asked for without a distributed optimizer: nothing to gather.
+    c.comm_overlap.reset();
+    c.ddp.use_distributed_optimizer = false;
+    c.ddp.overlap_param_gather = true;
+    const ValidationReport run = validate_for_run(c);
+    ASSERT_TRUE(has(run.errors, "RT012"));
+    for (const Finding& f : run.errors) {
+        if (f.id == "RT012") {
+            EXPECT_NE(f.fix.find("ddp.use_distributed_optimizer=true"), std::string::npos) << f.fix;
+        }
+    }
 }
 
 TEST(StartupChecks, MpiThreadLevel) {

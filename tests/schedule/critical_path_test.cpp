@@ -60,5 +60,21 @@ TEST(CriticalPath, GradReductionIsASideBranch) {
         5.0);
 }
 
+TEST(CriticalPath, ParamGatherIsAPrefetchItsReaderWaitsFor) {
+    // A gather waits for nothing of its micro-batch, only for its stream; the call that reads
+    // the bucket waits for it, the other calls do not.
+    std::vector<NodeCall> calls = {{0, 0, NodeKind::kParamGather, Phase::kForward},
+                                   {0, -1, NodeKind::kEmbedding, Phase::kForward},
+                                   {0, 1, NodeKind::kParamGather, Phase::kForward},
+                                   {0, 0, NodeKind::kPreDispatch, Phase::kForward}};
+    calls[1].wait_bucket = 0;
+    calls[3].wait_bucket = 1;
+    const auto dur = [](const NodeCall& c) { return c.node == NodeKind::kParamGather ? 2.0 : 1.0; };
+    // gather0 [0,2], embedding [2,3], gather1 [2,4] (stream order only), pre_dispatch [4,5].
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 5.0);
+    calls[3].wait_bucket = -1;  // nothing waits for gather1: pre_dispatch runs at [3,4]
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 4.0);
+}
+
 }  // namespace
 }  // namespace epo::schedule

@@ -216,6 +216,88 @@ TEST(Schedule, MergedBucketsAndDenseLayers) {
     EXPECT_EQ(dense[dense.size() - 4], "mb1.layer0.mlp.backward");
 }
 
+// The parameter gathers of the distributed optimizer (schedule.h): issued in micro-batch 0's
+// forward only, each before the first call that reads its bucket's weights, the later ones right
+// after the previous layer's dispatch; that first call waits for the bucket (wait_bucket).
+std::vector<std::string> head_with_waits(const std::vector<NodeCall>& calls, size_t n) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < n && i < calls.size(); ++i) {
+        out.push_back(
+            call_name(calls[i]) +
+            (calls[i].wait_bucket >= 0 ? " <- bucket" + std::to_string(calls[i].wait_bucket) : ""));
+    }
+    return out;
+}
+
+TEST(Schedule, ParamGathersPrefetchTheFirstForward) {
+    for (const bool overlap : {false, true}) {
+        ScheduleShape s = moe_shape(3, 2, overlap);
+        s.param_bucket_ends = {2, 1, 0, kEmbeddingPosition};
+        const auto calls = overlap ? overlap_schedule(s) : baseline_schedule(s);
+        const std::vector<std::string> head = {"mb0.bucket3.param_gather",
+                                               "mb0.embedding.forward <- bucket3",
+                                               "mb0.bucket2.param_gather",
+                                               "mb0.layer0.pre_dispatch.forward <- bucket2",
+                                               "mb0.layer0.dispatch.forward",
+                                               "mb0.bucket1.param_gather",
+                                               "mb0.layer0.mlp.forward",
+                                               "mb0.layer0.combine.forward",
+                                               "mb0.layer1.pre_dispatch.forward <- bucket1",
+                                               "mb0.layer1.dispatch.forward",
+                                               "mb0.bucket0.param_gather",
+                                               "mb0.layer1.mlp.forward",
+                                               "mb0.layer1.combine.forward",
+                                               "mb0.output.forward <- bucket0"};
+        EXPECT_EQ(head_with_waits(calls, head.size()), head) << (overlap ? "overlap" : "baseline");
+        int gathers = 0, waits = 0;
+        for (const NodeCall& c : calls) {
+            gathers += c.node == NodeKind::kParamGather;
+            waits += c.wait_bucket >= 0;
+            EXPECT_EQ(stream_of(c.node) == StreamId::kComm, c.node == NodeKind::kParamGather ||
+                                                                c.node == NodeKind::kDispatch ||
+                                                                c.node == NodeKind::kCombine);
+        }
+        EXPECT_EQ(gathers, 4);
+        EXPECT_EQ(waits, 4);
+        // Without gathers the schedule is the one it was: same calls, nobody waits.
+        ScheduleShape plain = s;
+        plain.param_bucket_ends.clear();
+        std::vector<NodeCall> stripped;
+        for (NodeCall c : calls) {
+            if (c.node == NodeKind::kParamGather)
+                continue;
+            c.wait_bucket = -1;
+            stripped.push_back(c);
+        }
+        EXPECT_EQ(stripped, overlap ? overlap_schedule(plain) : baseline_schedule(plain));
+    }
+}
+
+TEST(Schedule, ParamGathersOfMergedBucketsAndDenseLayers) {
+    // Bucket 0 holds the output layer and layer 1: it is first read by layer 1, so it goes
+    // right after layer 0's dispatch. Bucket 1 holds layer 0 and the embedding.
+    ScheduleShape s{2, {true, true}, false};
+    s.param_bucket_ends = {1, kEmbeddingPosition};
+    EXPECT_EQ(
+        head_with_waits(baseline_schedule(s), 7),
+        (std::vector<std::string>{"mb0.bucket1.param_gather", "mb0.embedding.forward <- bucket1",
+                                  "mb0.layer0.pre_dispatch.forward", "mb0.layer0.dispatch.forward",
+                                  "mb0.bucket0.param_gather", "mb0.layer0.mlp.forward",
+                                  "mb0.layer0.combine.forward"}));
+    EXPECT_EQ(head_with_waits(baseline_schedule(s), 8)[7],
+              "mb0.layer1.pre_dispatch.forward <- bucket0");
+    // A dense layer 0 has no dispatch: layer 1's gather follows its pre_dispatch.
+    s = ScheduleShape{2, {false, true}, false};
+    s.param_bucket_ends = {2, 1, 0, kEmbeddingPosition};
+    EXPECT_EQ(head_with_waits(baseline_schedule(s), 6),
+              (std::vector<std::string>{
+                  "mb0.bucket3.param_gather", "mb0.embedding.forward <- bucket3",
+                  "mb0.bucket2.param_gather", "mb0.layer0.pre_dispatch.forward <- bucket2",
+                  "mb0.bucket1.param_gather", "mb0.layer0.mlp.forward"}));
+    s.param_bucket_ends = {2, 0};  // must end at the embedding
+    EXPECT_THROW(overlap_schedule(s), std::invalid_argument);
+}
+
 TEST(Schedule, BucketEndsMustCoverTheModel) {
     ScheduleShape s = moe_shape(2, 2, false);
     s.grad_bucket_ends = {2, 0};  // never reaches the embedding

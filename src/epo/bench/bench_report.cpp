@@ -109,6 +109,7 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
                        {"comm_s_link_off", k->comm_s_unmodelled},
                        {"alltoall_bytes_per_step", k->alltoall_bytes},
                        {"grad_reduce_bytes_per_step", k->grad_reduce_bytes},
+                       {"param_gather_bytes_per_step", k->param_gather_bytes},
                        {"compute_stream_bytes_per_step", k->compute_stream_bytes},
                        {"compute_stream_comm_s_modelled", k->compute_stream_comm_s},
                        {"collectives_per_step", k->num_collectives},

@@ -109,7 +109,8 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
                     ratio));
     train::Trainer trainer(cfg, {.keep_records = true});
     const int steps = options.warmup_steps + 2;
-    std::vector<double> compute, comm_s, a2a_bytes, bucket_bytes, other_bytes, collectives;
+    std::vector<double> compute, comm_s, a2a_bytes, reduce_bytes, gather_bytes, other_bytes,
+        collectives;
     const bool inter = cfg.comm.num_nodes > 1;
     for (int i = 0; i < steps; ++i) {
         const train::StepResult r = trainer.step();
@@ -118,22 +119,24 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
         }
         compute.push_back(r.compute_busy_s);
         comm_s.push_back(r.comm_busy_s);
-        double a2a = 0, buckets = 0, other = 0, n = 0;
+        double a2a = 0, reduce = 0, gather = 0, other = 0, n = 0;
         for (const runtime::TaskRecord& t : r.records) {
             const int64_t sent = inter ? t.bytes.inter_sent : t.bytes.intra_sent;
             const int64_t recv = inter ? t.bytes.inter_recv : t.bytes.intra_recv;
             if (t.kind != runtime::RecordKind::kTask || sent + recv == 0) {
                 continue;
             }
-            const bool bucket =
-                node_kind_of(t.name) == schedule::node_name(schedule::NodeKind::kGradReduce);
-            (t.stream != "comm" ? other
-             : bucket           ? buckets
-                                : a2a) += static_cast<double>(std::max(sent, recv));
+            const std::string kind = node_kind_of(t.name);
+            (t.stream != "comm"                                              ? other
+             : kind == schedule::node_name(schedule::NodeKind::kGradReduce)  ? reduce
+             : kind == schedule::node_name(schedule::NodeKind::kParamGather) ? gather
+                                                                             : a2a) +=
+                static_cast<double>(std::max(sent, recv));
             n += 1;
         }
         a2a_bytes.push_back(a2a);
-        bucket_bytes.push_back(buckets);
+        reduce_bytes.push_back(reduce);
+        gather_bytes.push_back(gather);
         other_bytes.push_back(other);
         collectives.push_back(n);
     }
@@ -142,13 +145,16 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     c.compute_s = max_over_ranks(summarize(compute).median);
     c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median);
     c.alltoall_bytes = max_over_ranks(summarize(a2a_bytes).median);
-    c.grad_reduce_bytes = max_over_ranks(summarize(bucket_bytes).median);
+    c.grad_reduce_bytes = max_over_ranks(summarize(reduce_bytes).median);
+    c.param_gather_bytes = max_over_ranks(summarize(gather_bytes).median);
     c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median);
     c.num_collectives = static_cast<int64_t>(max_over_ranks(summarize(collectives).median));
     c.inter_node = inter;
     const config::Config user = finalized_or_throw(sources_for(options, &base, {}), world, "run");
     c.latency_us = user.comm.link.latency_us.value_or(0.0);
-    const double bytes = c.alltoall_bytes + c.grad_reduce_bytes + c.compute_stream_bytes;
+    const double optimizer_bytes =
+        c.grad_reduce_bytes + c.param_gather_bytes + c.compute_stream_bytes;
+    const double bytes = c.alltoall_bytes + optimizer_bytes;
     // The comm stream's busy time with the link model off (waiting for the other ranks to enter
     // each all-to-all, then the copies) stays when the link model is on: the model holds a
     // collective from the moment the last rank entered it. Leave it out of the modelled time so
@@ -172,8 +178,9 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     c.compute_stream_comm_s = c.compute_stream_bytes * 8.0 / (gbps * 1e9);
     logs.both(fmt::format(
         "[bench] link model: compute {:.3f} s/step; per step {:.1f} MB of all-to-alls and "
-        "{:.1f} MB of gradient/loss reductions -> comm.link.{}_node_gbps={:.4g} latency_us={}",
-        c.compute_s, c.alltoall_bytes / 1e6, (c.grad_reduce_bytes + c.compute_stream_bytes) / 1e6,
+        "{:.1f} MB of data-parallel gradient/parameter traffic and loss reductions -> "
+        "comm.link.{}_node_gbps={:.4g} latency_us={}",
+        c.compute_s, c.alltoall_bytes / 1e6, optimizer_bytes / 1e6,
         c.inter_node ? "inter" : "intra", gbps, c.latency_us));
     return c;
 }
@@ -240,11 +247,11 @@ const std::string& proxy_yaml() {
     // (qwen3: 128, top-8), so two CPU ranks finish a step in seconds; 2 layers, sequence 512,
     // vocabulary 2048 (a small vocabulary keeps the dense gradient all-reduce, which can hide
     // only behind the last backward, below the all-to-all traffic); 2 ranks as 2 nodes of 1
-    // (all expert traffic crosses the modelled NIC); 8 micro-batches per step. Bucketed
-    // grad-reduce overlap is on, as in the recipe, with 8 MiB buckets: each of the 2 layers,
-    // the output layer and the embedding is a bucket of its own, as a 48-layer model's 128 MiB
-    // buckets hold a few of its layers each. The distributed optimizer and param-gather
-    // overlap are off: the runtime does not execute them (RT013, RT012).
+    // (all expert traffic crosses the modelled NIC); 8 micro-batches per step. As in the
+    // recipe, the distributed optimizer with bucketed grad-reduce and param-gather overlap
+    // (set in comm_overlap, which finalization copies into ddp), with 8 MiB buckets: each of the 2
+    // layers, the output layer and the embedding is a bucket of its own, as a 48-layer model's 128
+    // MiB buckets hold a few of its layers each.
     static const std::string yaml = R"(model:
   num_layers: 2
   hidden_size: 1024
@@ -264,9 +271,10 @@ train:
   train_iters: 3
   lr_warmup_iters: 1
 ddp:
-  use_distributed_optimizer: false
+  use_distributed_optimizer: true
+comm_overlap:
   overlap_grad_reduce: true
-  overlap_param_gather: false
+  overlap_param_gather: true
   bucket_size: 8388608
 comm:
   num_nodes: 2

@@ -68,6 +68,7 @@ struct LinkCalibration {
     double comm_s_unmodelled = 0;      // comm-stream busy per step, link model off
     double alltoall_bytes = 0;         // E: the comm stream's dispatch/combine all-to-alls
     double grad_reduce_bytes = 0;      // the comm stream's bucketed gradient reductions
+    double param_gather_bytes = 0;     // the comm stream's bucketed parameter gathers
     double compute_stream_bytes = 0;   // the optimizer step's reductions (A with the above)
     double compute_stream_comm_s = 0;  // A's modelled time at the chosen bandwidth
     int64_t num_collectives = 0;       // tasks with communication, per step

@@ -38,9 +38,9 @@ const char* const kRunDashes[] = {"", "8 4", "2 3", "12 3 2 3"};
 // Colour of a slice by the node it ran ("mlp.forward" -> mlp).
 const char* node_color(const std::string& node) {
     static const std::map<std::string, const char*> colors = {
-        {"embedding", "#9467bd"},   {"pre_dispatch", "#1f77b4"},  {"dispatch", "#ff7f0e"},
-        {"mlp", "#2ca02c"},         {"combine", "#d62728"},       {"output", "#8c564b"},
-        {"grad_reduce", "#17becf"}, {"optimizer_step", "#7f7f7f"}};
+        {"embedding", "#9467bd"},   {"pre_dispatch", "#1f77b4"}, {"dispatch", "#ff7f0e"},
+        {"mlp", "#2ca02c"},         {"combine", "#d62728"},      {"output", "#8c564b"},
+        {"grad_reduce", "#17becf"}, {"param_gather", "#e377c2"}, {"optimizer_step", "#7f7f7f"}};
     const std::string head = node.substr(0, node.find('.'));
     const auto it = colors.find(head);
     return it == colors.end() ? "#bcbd22" : it->second;
@@ -209,7 +209,7 @@ std::string timelines(const nlohmann::json& metrics, const nlohmann::json& trace
     }
     html += "<p class='legend'>";
     for (const char* node : {"embedding", "pre_dispatch", "dispatch", "mlp", "combine", "output",
-                             "grad_reduce", "optimizer_step"}) {
+                             "grad_reduce", "param_gather", "optimizer_step"}) {
         html += fmt::format("<span style='background:{}'>&nbsp;&nbsp;&nbsp;</span> {} &nbsp; ",
                             node_color(node), node);
     }

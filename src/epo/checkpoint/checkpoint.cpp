@@ -134,6 +134,15 @@ bool may_change_on_resume(std::string_view key) {
         "model.overlap_moe_expert_parallel_comm",
         "model.delay_wgrad_compute",
         "ddp.delay_wgrad_compute",
+        // Bucketed reduction and the distributed optimizer give the same sums and updates, and
+        // checkpoints hold whole tensors either way (train/trainer.h).
+        "ddp.use_distributed_optimizer",
+        "ddp.overlap_grad_reduce",
+        "ddp.overlap_param_gather",
+        "ddp.bucket_size",
+        "comm_overlap.overlap_grad_reduce",
+        "comm_overlap.overlap_param_gather",
+        "comm_overlap.bucket_size",
     };
     for (std::string_view p : kPrefixes) {
         if (key.substr(0, p.size()) == p)

@@ -14,7 +14,9 @@ enum class Communicator::OpKind : uint32_t {
     kAllGather,
     kAllReduce,
     kBroadcast,
-    kBarrier
+    kBarrier,
+    kReduceScatter,
+    kAllGatherShards
 };
 
 namespace {
@@ -36,6 +38,10 @@ const char* op_name(uint32_t kind) {
             return "broadcast";
         case 5:
             return "barrier";
+        case 6:
+            return "reduce_scatter";
+        case 7:
+            return "all_gather_shards";
     }
     return "unknown operation";
 }
@@ -442,52 +448,113 @@ OpStats Communicator::all_gather(const void* send, void* recv, size_t bytes_per_
     return finish(op, last_entry, bytes);
 }
 
+ShardRange shard_of(int64_t total, int group_size, int group_rank) {
+    return ShardRange{group_rank * total / group_size, (group_rank + 1) * total / group_size};
+}
+
+void Communicator::sum_my_shard(std::span<float> data) {
+    const int n = size_;
+    const auto total = static_cast<int64_t>(data.size());
+    const ShardRange mine = shard_of(total, n, rank_);
+    const int mine_count = static_cast<int>(mine.size());
+    int_send_counts_.resize(n);
+    int_send_offsets_.resize(n);
+    int_recv_counts_.assign(n, mine_count);
+    int_recv_offsets_.resize(n);
+    for (int r = 0; r < n; ++r) {
+        const ShardRange theirs = shard_of(total, n, r);
+        int_send_counts_[r] = static_cast<int>(theirs.size());
+        int_send_offsets_[r] = static_cast<int>(theirs.begin);
+        int_recv_offsets_[r] = r * mine_count;
+    }
+    reduce_scratch_.resize(static_cast<size_t>(n) * mine_count);  // (n, mine): my shard of each
+    check_mpi(MPI_Alltoallv(data.data(), int_send_counts_.data(), int_send_offsets_.data(),
+                            MPI_FLOAT, reduce_scratch_.data(), int_recv_counts_.data(),
+                            int_recv_offsets_.data(), MPI_FLOAT, comm_),
+              "MPI_Alltoallv (reduce-scatter)", name_);
+    // Sum in group-rank order: the order, and so the rounding, never depends on timing.
+    float* out = data.data() + mine.begin;
+    for (int i = 0; i < mine_count; ++i)
+        out[i] = reduce_scratch_[i];
+    for (int r = 1; r < n; ++r) {
+        const float* in = reduce_scratch_.data() + static_cast<size_t>(r) * mine_count;
+        for (int i = 0; i < mine_count; ++i)
+            out[i] += in[i];
+    }
+}
+
+void Communicator::gather_shards(void* data, int64_t total, size_t elem_bytes) {
+    const int n = size_;
+    int_send_counts_.resize(n);
+    int_send_offsets_.resize(n);
+    for (int r = 0; r < n; ++r) {
+        const ShardRange theirs = shard_of(total, n, r);
+        int_send_counts_[r] = static_cast<int>(theirs.size());
+        int_send_offsets_[r] = static_cast<int>(theirs.begin);
+    }
+    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, int_send_counts_.data(),
+                             int_send_offsets_.data(), item_type(elem_bytes), comm_),
+              "MPI_Allgatherv (shards)", name_);
+}
+
+// Bytes of a reduce-scatter (scatter = true) or a shard all-gather of `total` items: each rank
+// sends peer p its part of p's shard (reduce-scatter) or its own shard (all-gather).
+void Communicator::add_shard_bytes(ByteCounts& bytes, int64_t total, int64_t item_bytes,
+                                   bool scatter) const {
+    const int64_t mine = shard_of(total, size_, rank_).size() * item_bytes;
+    for (int p = 0; p < size_; ++p) {
+        const int64_t theirs = shard_of(total, size_, p).size() * item_bytes;
+        if (scatter)
+            add_peer_bytes(bytes, p, theirs, mine);
+        else
+            add_peer_bytes(bytes, p, mine, theirs);
+    }
+}
+
 OpStats Communicator::all_reduce_sum(std::span<float> data) {
     const Op op = begin(OpKind::kAllReduce);
     const auto total = static_cast<int64_t>(data.size());
     to_int(total, "all_reduce element count");
     sizes_a_.assign(size_, total);
     const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, 0);
-    const int n = size_;
-    // Chunk r = [r * total / n, (r + 1) * total / n): balanced, and the same on every rank.
-    auto chunk_begin = [&](int r) { return static_cast<int>(r * total / n); };
-    const int mine = chunk_begin(rank_ + 1) - chunk_begin(rank_);
-    int_send_counts_.resize(n);
-    int_send_offsets_.resize(n);
-    int_recv_counts_.assign(n, mine);
-    int_recv_offsets_.resize(n);
-    for (int r = 0; r < n; ++r) {
-        int_send_counts_[r] = chunk_begin(r + 1) - chunk_begin(r);
-        int_send_offsets_[r] = chunk_begin(r);
-        int_recv_offsets_[r] = r * mine;
-    }
-    reduce_scratch_.resize(static_cast<size_t>(n) * mine);  // (n, mine): chunk `rank_` of each rank
     {
         auto guard = watch_data_phase(op);
-        check_mpi(MPI_Alltoallv(data.data(), int_send_counts_.data(), int_send_offsets_.data(),
-                                MPI_FLOAT, reduce_scratch_.data(), int_recv_counts_.data(),
-                                int_recv_offsets_.data(), MPI_FLOAT, comm_),
-                  "MPI_Alltoallv (all_reduce)", name_);
-        // Sum in group-rank order: the order, and so the rounding, never depends on timing.
-        float* out = data.data() + chunk_begin(rank_);
-        for (int i = 0; i < mine; ++i)
-            out[i] = reduce_scratch_[i];
-        for (int r = 1; r < n; ++r) {
-            const float* in = reduce_scratch_.data() + static_cast<size_t>(r) * mine;
-            for (int i = 0; i < mine; ++i)
-                out[i] += in[i];
-        }
-        check_mpi(
-            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), int_send_counts_.data(),
-                           int_send_offsets_.data(), MPI_FLOAT, comm_),
-            "MPI_Allgatherv (all_reduce)", name_);
+        sum_my_shard(data);
+        gather_shards(data.data(), total, sizeof(float));
     }
-    // Each rank sends its chunk of peer p's part to p and gets p's sum of its own chunk back.
     ByteCounts bytes;
-    for (int p = 0; p < n; ++p) {
-        const int64_t theirs = (chunk_begin(p + 1) - chunk_begin(p)) * int64_t{4};
-        add_peer_bytes(bytes, p, theirs + mine * int64_t{4}, mine * int64_t{4} + theirs);
+    add_shard_bytes(bytes, total, sizeof(float), true);
+    add_shard_bytes(bytes, total, sizeof(float), false);
+    return finish(op, last_entry, bytes);
+}
+
+OpStats Communicator::reduce_scatter_sum(std::span<float> data) {
+    const Op op = begin(OpKind::kReduceScatter);
+    const auto total = static_cast<int64_t>(data.size());
+    to_int(total, "reduce_scatter element count");
+    sizes_a_.assign(size_, total);
+    const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, 0);
+    {
+        auto guard = watch_data_phase(op);
+        sum_my_shard(data);
     }
+    ByteCounts bytes;
+    add_shard_bytes(bytes, total, sizeof(float), true);
+    return finish(op, last_entry, bytes);
+}
+
+OpStats Communicator::all_gather_shards(void* data, int64_t total, size_t elem_bytes) {
+    const Op op = begin(OpKind::kAllGatherShards);
+    to_int(total, "all_gather_shards item count");
+    sizes_a_.assign(size_, total);
+    const Clock::time_point last_entry =
+        arrive(op, sizes_a_, sizes_a_, static_cast<int64_t>(elem_bytes));
+    {
+        auto guard = watch_data_phase(op);
+        gather_shards(data, total, elem_bytes);
+    }
+    ByteCounts bytes;
+    add_shard_bytes(bytes, total, static_cast<int64_t>(elem_bytes), false);
     return finish(op, last_entry, bytes);
 }
 

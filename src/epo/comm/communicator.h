@@ -72,6 +72,15 @@ struct AllToAllLayout {
     int64_t recv_extent() const;
 };
 
+// The shard of a vector of `total` items that group rank r owns in a reduce-scatter or a shard
+// all-gather: [r * total / n, (r + 1) * total / n). Balanced, and the same on every rank.
+struct ShardRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t size() const { return end - begin; }
+};
+ShardRange shard_of(int64_t total, int group_size, int group_rank);
+
 struct OpStats {
     ByteCounts bytes;
     double duration_s = 0;      // entry to return
@@ -132,7 +141,15 @@ public:
     // In-place fp32 sum. Deterministic and identical on every rank for any MPI library: the
     // vector is cut into size() chunks, rank r sums chunk r over the ranks in group-rank order
     // ((x_0 + x_1) + x_2) + ..., and the sums are gathered back.
+    // It is reduce_scatter_sum followed by all_gather_shards in one operation: the same sums.
     OpStats all_reduce_sum(std::span<float> data);
+    // In-place fp32 sum of this rank's shard (shard_of(data.size(), size(), rank())) only: the
+    // same sums, bit for bit, as all_reduce_sum gives that shard. The rest of `data` keeps this
+    // rank's own values. The distributed optimizer's gradient reduction.
+    OpStats reduce_scatter_sum(std::span<float> data);
+    // In place: every rank's shard of `data` (`total` items of `elem_bytes` each) is copied to
+    // every rank. The distributed optimizer's parameter gather.
+    OpStats all_gather_shards(void* data, int64_t total, size_t elem_bytes);
 
     OpStats broadcast(void* data, size_t bytes, int root);
     template <class T>
@@ -161,6 +178,9 @@ private:
     Watchdog::Guard watch_data_phase(const Op& op);
     OpStats finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes);
     void add_peer_bytes(ByteCounts& bytes, int peer, int64_t sent, int64_t recv) const;
+    void add_shard_bytes(ByteCounts& bytes, int64_t total, int64_t item_bytes, bool scatter) const;
+    void sum_my_shard(std::span<float> data);  // data phases (no arrival, no accounting)
+    void gather_shards(void* data, int64_t total, size_t elem_bytes);
     std::string describe(const Op& op) const;
     void check_extent(int64_t needed, int64_t available, const char* buffer) const;
     [[noreturn]] void fail(const std::string& message);

@@ -90,11 +90,17 @@ const std::vector<FeatureRow>& rows() {
                          "true");
          },
          "set model.moe_shared_expert_overlap=false"},
-        {{"RT012", "param-gather overlap (it needs the distributed optimizer)",
+        {{"RT012",
+          "param-gather overlap without the distributed optimizer (nothing is sharded, so "
+          "there is nothing to gather)",
           &RC::param_gather_overlap},
-         [](C c) { return when(c.ddp.overlap_param_gather, "ddp.overlap_param_gather", "true"); },
-         "set ddp.overlap_param_gather=false (with a comm_overlap section: "
-         "comm_overlap.overlap_param_gather=false); ddp.overlap_grad_reduce is supported"},
+         [](C c) {
+             return when(c.ddp.overlap_param_gather && !c.ddp.use_distributed_optimizer,
+                         "ddp.overlap_param_gather", "true");
+         },
+         "set ddp.use_distributed_optimizer=true (its shards are what the overlap gathers), or "
+         "ddp.overlap_param_gather=false (with a comm_overlap section: "
+         "comm_overlap.overlap_param_gather=false)"},
         {{"RT013", "the distributed optimizer", &RC::distributed_optimizer},
          [](C c) {
              return when(c.ddp.use_distributed_optimizer, "ddp.use_distributed_optimizer", "true");
@@ -182,9 +188,10 @@ const std::vector<FeatureRow>& rows() {
 
 RuntimeCapabilities RuntimeCapabilities::current() {
     RuntimeCapabilities caps;
-    caps.qk_layernorm = true;     // model/attention.h
-    caps.tied_embeddings = true;  // model/gpt_model.h: the output layer reads the embedding
-    caps.fp32_training = true;    // every kernel has an f32 path (the gradient checks use it)
+    caps.qk_layernorm = true;           // model/attention.h
+    caps.tied_embeddings = true;        // model/gpt_model.h: the output layer reads the embedding
+    caps.fp32_training = true;          // every kernel has an f32 path (the gradient checks use it)
+    caps.distributed_optimizer = true;  // train/trainer.h (ZeRO-1, with bucketed param gather)
     return caps;
 }
 

@@ -109,9 +109,9 @@ AttentionParams make_attention_params(const AttentionShape& s, DType compute_dty
                         {s.hidden, s.num_heads * s.head_dim}, compute_dtype);
     if (s.qk_layernorm) {
         p.q_norm =
-            make_param(prefix + "self_attention.q_layernorm.weight", {s.head_dim}, compute_dtype);
+            make_param(prefix + "self_attention.q_layernorm.weight", {s.head_dim}, DType::kF32);
         p.k_norm =
-            make_param(prefix + "self_attention.k_layernorm.weight", {s.head_dim}, compute_dtype);
+            make_param(prefix + "self_attention.k_layernorm.weight", {s.head_dim}, DType::kF32);
     }
     return p;
 }

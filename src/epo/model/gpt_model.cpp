@@ -103,7 +103,7 @@ GptModel::GptModel(const GptShape& shape)
     for (int64_t l = 0; l < shape.num_layers; ++l) {
         collect_layer_params(layer_shapes_[l], layers_[l], dense_params_, expert_params_);
     }
-    final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, cd);
+    final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, DType::kF32);
     dense_params_.push_back(&final_norm_);
     if (!shape.tie_embeddings) {
         output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);

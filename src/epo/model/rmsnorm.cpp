@@ -6,6 +6,17 @@
 #include "epo/kernels/rows.h"
 
 namespace epo::model {
+namespace {
+
+// Norm weights are f32 parameters (their compute copy is the master): they stay exact, and the
+// distributed optimizer's gather of compute copies brings them whole.
+const float* norm_weight(const Param& weight) {
+    EPO_CHECK(weight.compute_dtype() == DType::kF32, "norm weight '{}' must be an f32 parameter",
+              weight.name);
+    return weight.compute.data<float>();
+}
+
+}  // namespace
 
 void rmsnorm_forward(const Tensor& x, const Param& weight, float eps, const Tensor& y,
                      const Tensor& rstd) {
@@ -13,7 +24,7 @@ void rmsnorm_forward(const Tensor& x, const Param& weight, float eps, const Tens
     EPO_CHECK(y.numel() == x.numel() && weight.master.numel() == d && rstd.numel() == n,
               "rmsnorm shapes x {} y {} w {} rstd {}", x.shape().str(), y.shape().str(),
               weight.master.shape().str(), rstd.shape().str());
-    const float* w = weight.master.data<float>();  // f32 master: norm weights stay exact
+    const float* w = norm_weight(weight);
     float* r = rstd.data<float>();
     std::vector<float> row(static_cast<size_t>(d));
     const size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
@@ -36,7 +47,7 @@ void rmsnorm_backward(const Tensor& x, Param& weight, const Tensor& rstd, const 
     EPO_CHECK(dy.numel() == x.numel() && dx_acc.numel() == x.numel() && dw_workspace.numel() >= d,
               "rmsnorm backward shapes x {} dy {} dx {}", x.shape().str(), dy.shape().str(),
               dx_acc.shape().str());
-    const float* w = weight.master.data<float>();
+    const float* w = norm_weight(weight);
     const float* r = rstd.data<float>();
     float* dx = dx_acc.data<float>();
     float* dw = dw_workspace.data<float>();

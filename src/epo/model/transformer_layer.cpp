@@ -30,9 +30,9 @@ void rename(Param& p, const std::string& name) {
 LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
     const DType cd = s.compute_dtype;
     LayerParams p;
-    p.input_norm = make_param(prefix + "input_layernorm.weight", {s.hidden}, cd);
+    p.input_norm = make_param(prefix + "input_layernorm.weight", {s.hidden}, DType::kF32);
     p.attn = make_attention_params(s.attn, cd, prefix);
-    p.pre_mlp_norm = make_param(prefix + "pre_mlp_layernorm.weight", {s.hidden}, cd);
+    p.pre_mlp_norm = make_param(prefix + "pre_mlp_layernorm.weight", {s.hidden}, DType::kF32);
     if (!s.is_moe) {
         p.dense = moe::make_shared_expert_weights(s.hidden, s.ffn_hidden, cd);
         rename(p.dense.fc1, prefix + "mlp.linear_fc1.weight");

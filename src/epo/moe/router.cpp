@@ -86,7 +86,10 @@ void aux_scores_row(const MoeConfig& cfg, const float* scores, float* s_aux) {
 
 // The weight operand of the router's products.
 const Tensor& weight_operand(const MoeConfig& cfg, const RouterParams& params) {
-    return cfg.router_fp32 ? params.weight.master : params.weight.compute;
+    EPO_CHECK(params.weight.compute_dtype() == router_dtype(cfg),
+              "router weight is {}, the router computes in {}",
+              dtype_name(params.weight.compute_dtype()), dtype_name(router_dtype(cfg)));
+    return params.weight.compute;
 }
 
 }  // namespace
@@ -111,7 +114,8 @@ void topk_indices(const float* v, std::int64_t n, std::int64_t k, std::int32_t* 
 
 RouterParams make_router_params(const MoeConfig& cfg) {
     RouterParams p;
-    p.weight = make_param("router.weight", {cfg.num_experts, cfg.hidden_size}, compute_dtype(cfg));
+    // An fp32 router (moe_router_dtype fp32) computes with the master itself.
+    p.weight = make_param("router.weight", {cfg.num_experts, cfg.hidden_size}, router_dtype(cfg));
     if (cfg.enable_expert_bias) {
         p.expert_bias = Tensor::zeros({cfg.num_experts}, DType::kF32);
     }

@@ -8,13 +8,19 @@ namespace epo::schedule {
 double critical_path_seconds(const std::vector<NodeCall>& calls,
                              const std::function<double(const NodeCall&)>& duration_s) {
     double stream_free[2] = {0.0, 0.0};
-    std::map<int, double> micro_batch_done;
+    std::map<int, double> micro_batch_done, bucket_gathered;
     double last = 0.0;
     for (const NodeCall& c : calls) {
         double& free = stream_free[stream_of(c.node) == StreamId::kCompute ? 0 : 1];
-        const double start = std::max(free, micro_batch_done[c.micro_batch]);
+        double start = free;
+        if (waits_for_micro_batch(c.node))
+            start = std::max(start, micro_batch_done[c.micro_batch]);
+        if (c.wait_bucket >= 0)
+            start = std::max(start, bucket_gathered[c.wait_bucket]);
         const double end = start + duration_s(c);
         free = end;
+        if (c.node == NodeKind::kParamGather)
+            bucket_gathered[c.layer] = end;
         if (!is_side_branch(c.node))
             micro_batch_done[c.micro_batch] = end;
         last = std::max(last, end);

@@ -17,8 +17,9 @@ struct Builder {
     const ScheduleShape& shape;
     std::vector<NodeCall> calls;
 
-    void add(int mb, int layer, NodeKind node, Phase phase, bool delayed = false) {
-        calls.push_back(NodeCall{mb, layer, node, phase, delayed});
+    void add(int mb, int layer, NodeKind node, Phase phase, bool delayed = false,
+             int wait_bucket = -1) {
+        calls.push_back(NodeCall{mb, layer, node, phase, delayed, wait_bucket});
     }
     bool moe(int layer) const { return shape.moe_layers[static_cast<size_t>(layer)]; }
 
@@ -30,22 +31,50 @@ struct Builder {
         if (moe(l))
             add(mb, l, NodeKind::kCombine, Phase::kForward);
     }
+    // A micro-batch's forward alone. In micro-batch 0's, parameter buckets are gathered
+    // (schedule.h): the bucket whose lowest position is p is issued after the first comm call
+    // that follows position p-1's first node, and position p's first node waits for it.
     void forward_alone(int mb) {
-        add(mb, -1, NodeKind::kEmbedding, Phase::kForward);
-        for (int l = 0; l < num_layers(shape); ++l)
-            layer_forward(mb, l);
-        add(mb, -1, NodeKind::kOutput, Phase::kForward);
+        const std::vector<int> none;
+        const std::vector<int>& ends = mb == 0 ? shape.param_bucket_ends : none;
+        const auto bucket_starting_at = [&](int position) {
+            const auto it = std::find(ends.begin(), ends.end(), position);
+            return it == ends.end() ? -1 : static_cast<int>(it - ends.begin());
+        };
+        const auto gather = [&](int position) {
+            if (const int b = bucket_starting_at(position); b >= 0)
+                add(mb, b, NodeKind::kParamGather, Phase::kForward);
+        };
+        const auto first = [&](int position, int layer, NodeKind node) {
+            add(mb, layer, node, Phase::kForward, false, bucket_starting_at(position));
+        };
+        gather(kEmbeddingPosition);
+        first(kEmbeddingPosition, -1, NodeKind::kEmbedding);
+        gather(0);
+        for (int l = 0; l < num_layers(shape); ++l) {
+            first(l, l, NodeKind::kPreDispatch);
+            if (moe(l))
+                add(mb, l, NodeKind::kDispatch, Phase::kForward);
+            gather(l + 1);
+            add(mb, l, NodeKind::kMlp, Phase::kForward);
+            if (moe(l))
+                add(mb, l, NodeKind::kCombine, Phase::kForward);
+        }
+        first(num_layers(shape), -1, NodeKind::kOutput);
     }
-    void check_bucket_ends() const {
-        const std::vector<int>& ends = shape.grad_bucket_ends;
+    void check_bucket_ends(const std::vector<int>& ends, const char* name) const {
         const bool ordered = std::is_sorted(ends.rbegin(), ends.rend()) &&
                              std::adjacent_find(ends.begin(), ends.end()) == ends.end();
         if (!ends.empty() &&
             (!ordered || ends.front() > num_layers(shape) || ends.back() != kEmbeddingPosition)) {
             throw std::invalid_argument(
-                fmt::format("grad_bucket_ends [{}] must run strictly down from at most {} to {}",
+                fmt::format("{} [{}] must run strictly down from at most {} to {}", name,
                             fmt::join(ends, ", "), num_layers(shape), kEmbeddingPosition));
         }
+    }
+    void check_bucket_ends() const {
+        check_bucket_ends(shape.grad_bucket_ends, "grad_bucket_ends");
+        check_bucket_ends(shape.param_bucket_ends, "param_bucket_ends");
     }
     // A micro-batch's backward alone; weight gradients are never delayed outside the combined
     // steps, so each backward includes them. In the step's last one, gradient buckets are reduced
@@ -118,7 +147,7 @@ struct Builder {
 
 StreamId stream_of(NodeKind node) {
     return node == NodeKind::kDispatch || node == NodeKind::kCombine ||
-                   node == NodeKind::kGradReduce
+                   node == NodeKind::kGradReduce || node == NodeKind::kParamGather
                ? StreamId::kComm
                : StreamId::kCompute;
 }
@@ -139,6 +168,8 @@ const char* node_name(NodeKind node) {
             return "output";
         case NodeKind::kGradReduce:
             return "grad_reduce";
+        case NodeKind::kParamGather:
+            return "param_gather";
     }
     return "?";
 }
@@ -156,8 +187,8 @@ const char* phase_name(Phase phase) {
 }
 
 std::string call_name(const NodeCall& c) {
-    if (c.node == NodeKind::kGradReduce) {
-        return fmt::format("mb{}.bucket{}.grad_reduce", c.micro_batch, c.layer);
+    if (c.node == NodeKind::kGradReduce || c.node == NodeKind::kParamGather) {
+        return fmt::format("mb{}.bucket{}.{}", c.micro_batch, c.layer, node_name(c.node));
     }
     if (c.layer < 0) {
         return fmt::format("mb{}.{}.{}", c.micro_batch, node_name(c.node), phase_name(c.phase));

@@ -25,6 +25,17 @@
 // gap while the next compute node runs. Nothing of the micro-batch waits for it; the optimizer
 // step waits for the whole comm stream. Both schedules issue the same buckets in the same order
 // with the same collective, so gradients stay bit-identical.
+//
+// Parameter gather (distributed optimizer with ddp.overlap_param_gather): the optimizer step
+// leaves each rank only its own shard of the updated weights; the next step's first forward
+// (micro-batch 0) gathers them bucket by bucket on the comm stream, as the reference's forward
+// pre-hooks do. A gather is a prefetch: it waits for nothing of its micro-batch, only for the
+// comm stream's earlier calls, and the first forward call of the bucket's lowest position
+// (embedding, a layer's pre_dispatch, the output layer) waits for it through the bucket's own
+// event. The embedding's bucket (and layer 0's, when that is a different one) is issued first;
+// the bucket starting at layer l+1 (or the output layer) is issued right after layer l's
+// dispatch, so it fills the comm stream's gap while layer l's experts run (after layer l's
+// pre_dispatch for a dense layer, which has no dispatch).
 #pragma once
 
 #include <cstdint>
@@ -33,33 +44,51 @@
 
 namespace epo::schedule {
 
-enum class NodeKind { kEmbedding, kPreDispatch, kDispatch, kMlp, kCombine, kOutput, kGradReduce };
+enum class NodeKind {
+    kEmbedding,
+    kPreDispatch,
+    kDispatch,
+    kMlp,
+    kCombine,
+    kOutput,
+    kGradReduce,
+    kParamGather
+};
 enum class Phase { kForward, kBackward, kBackwardDw };
 enum class StreamId { kCompute, kComm };
 
 struct NodeCall {
     int micro_batch = 0;
-    int layer = -1;  // -1 for embedding and output; the bucket number for kGradReduce
+    int layer = -1;  // -1 for embedding and output; the bucket number for kGradReduce and
+                     // kParamGather
     NodeKind node = NodeKind::kEmbedding;
     Phase phase = Phase::kForward;
     // kBackward of a node whose weight gradients are delayed computes input gradients only.
     bool wgrad_delayed = false;
+    // The parameter bucket whose gather this call waits for (the first forward use of the
+    // bucket's weights in the step); -1: none.
+    int wait_bucket = -1;
 
     bool operator==(const NodeCall&) const = default;
 };
 
-// Which stream a node runs on (runtime.md §3): dispatch, combine and gradient reduction on the
-// comm stream.
+// Which stream a node runs on (runtime.md §3): dispatch, combine, gradient reduction and
+// parameter gather on the comm stream.
 StreamId stream_of(NodeKind node);
-// A side branch of its micro-batch (gradient reduction): it waits for the micro-batch's previous
-// call like any call, but the micro-batch's next call does not wait for it.
+// A side branch of its micro-batch (gradient reduction, parameter gather): the micro-batch's
+// next call does not wait for it.
 inline bool is_side_branch(NodeKind node) {
-    return node == NodeKind::kGradReduce;
+    return node == NodeKind::kGradReduce || node == NodeKind::kParamGather;
+}
+// Whether a call waits for its micro-batch's previous call: every call but a parameter gather,
+// which is a prefetch.
+inline bool waits_for_micro_batch(NodeKind node) {
+    return node != NodeKind::kParamGather;
 }
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
 // "mb3.layer1.mlp.backward" style names for traces and logs; "mb7.bucket0.grad_reduce" for a
-// gradient bucket's reduction.
+// gradient bucket's reduction, "mb0.bucket3.param_gather" for a parameter bucket's gather.
 std::string call_name(const NodeCall& call);
 
 struct ScheduleShape {
@@ -71,6 +100,9 @@ struct ScheduleShape {
     // L = the output layer and final norm, 0..L-1 the layers, -1 the embedding; the list runs
     // down from L and its last entry is -1. Empty: gradients are reduced by the optimizer step.
     std::vector<int> grad_bucket_ends;
+    // Parameter buckets gathered during micro-batch 0's forward (same format; the reference uses
+    // the gradient buckets). Empty: no gather in the schedule.
+    std::vector<int> param_bucket_ends;
 };
 
 // Model positions in backward order: the output layer (L), layers L-1 down to 0, embedding (-1).

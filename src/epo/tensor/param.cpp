@@ -26,6 +26,13 @@ void refresh_compute(Param& p) {
     ++p.version;
 }
 
+void refresh_compute_range(Param& p, int64_t begin, int64_t end) {
+    if (p.compute.dtype() == DType::kBF16) {
+        convert_f32_to_bf16(p.master.data<float>() + begin, p.compute.data<BF16>() + begin,
+                            static_cast<std::size_t>(end - begin));
+    }
+}
+
 void zero_grad(Param& p) {
     p.main_grad.fill_zero();
 }

@@ -37,6 +37,10 @@ Param make_param(std::string name, const Shape& shape, DType compute_dtype);
 // compute = round_to_compute_dtype(master); ++version. In fp32 mode only the version changes.
 void refresh_compute(Param& p);
 
+// compute[begin, end) = round(master[begin, end)), for the distributed optimizer's own shard
+// (flat element range); the version is left to whoever completes the rest of compute.
+void refresh_compute_range(Param& p, int64_t begin, int64_t end);
+
 // main_grad = 0.
 void zero_grad(Param& p);
 

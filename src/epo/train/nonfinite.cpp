@@ -4,12 +4,13 @@
 
 namespace epo::train {
 
-std::string first_nonfinite_grad(const std::vector<Param*>& params) {
-    for (const Param* p : params) {
-        const float* g = p->main_grad.data<float>();
-        for (int64_t i = 0; i < p->main_grad.numel(); ++i) {
+std::string first_nonfinite_grad(const std::vector<Param*>& params,
+                                 const std::vector<comm::ShardRange>& reduced) {
+    for (size_t k = 0; k < params.size(); ++k) {
+        const float* g = params[k]->main_grad.data<float>();
+        for (int64_t i = reduced[k].begin; i < reduced[k].end; ++i) {
             if (!std::isfinite(g[i]))
-                return p->name;
+                return params[k]->name;
         }
     }
     return "";

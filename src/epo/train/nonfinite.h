@@ -10,13 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "epo/comm/communicator.h"
 #include "epo/core/error.h"
 #include "epo/tensor/param.h"
 
 namespace epo::train {
 
-// The name of the first parameter whose main_grad holds a NaN or an Inf; "" when none does.
-std::string first_nonfinite_grad(const std::vector<Param*>& params);
+// The name of the first parameter whose main_grad holds a NaN or an Inf in the elements this rank
+// reduced (`reduced[i]` of params[i]: its shard with the distributed optimizer, else all of it);
+// "" when none does.
+std::string first_nonfinite_grad(const std::vector<Param*>& params,
+                                 const std::vector<comm::ShardRange>& reduced);
 
 // The kNumerics error for a step whose loss or gradient norm is not finite. `grad_names[r]` is
 // rank r's first_nonfinite_grad.

@@ -55,8 +55,8 @@ void resume(Trainer& trainer, const config::Config& cfg, comm::Communicator& con
     }
 }
 
-std::filesystem::path save(const Trainer& trainer, const config::Config& cfg,
-                           comm::Communicator& control, std::ostream& log) {
+std::filesystem::path save(Trainer& trainer, const config::Config& cfg, comm::Communicator& control,
+                           std::ostream& log) {
     const auto start = std::chrono::steady_clock::now();
     std::filesystem::path dir = trainer.save_checkpoint(*cfg.checkpoint.save, control);
     if (control.rank() == 0) {

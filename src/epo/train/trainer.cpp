@@ -104,11 +104,24 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
         std::make_unique<model::GptModel>(model::gpt_shape_from_config(cfg, ep_size_, ep_rank));
     model_->init_weights(static_cast<uint64_t>(cfg.train.seed));
 
+    const comm::ProcessGroups& groups = *streams_.comm->groups();
+    distributed_ =
+        cfg.ddp.use_distributed_optimizer && (groups.dp.size() > 1 || groups.edp.size() > 1);
+    param_gather_overlap_ = distributed_ && cfg.ddp.overlap_param_gather;
     optimizer_ = std::make_unique<OptimizerState>();
     optimizer_->params = model_->all_params();
-    for (Param* p : optimizer_->params) {
-        optimizer_->exp_avg.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
-        optimizer_->exp_avg_sq.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
+    const size_t num_dense = model_->dense_params().size();
+    for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+        const Param* p = optimizer_->params[i];
+        const bool expert = i >= num_dense;
+        const comm::Communicator& group = expert ? groups.edp : groups.dp;
+        const comm::ShardRange shard =
+            distributed_ ? comm::shard_of(p->master.numel(), group.size(), group.rank())
+                         : comm::ShardRange{0, p->master.numel()};
+        optimizer_->expert.push_back(expert);
+        optimizer_->shard.push_back(shard);
+        optimizer_->exp_avg.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
+        optimizer_->exp_avg_sq.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
     }
 
     DatasetConfig data{.type = cfg.dataset.type == config::DatasetType::kText ? "text" : "mock",
@@ -169,10 +182,11 @@ Trainer::~Trainer() = default;
 void Trainer::plan_grad_buckets(schedule::ScheduleShape& sched) {
     const int dp = streams_.comm->groups()->dp.size();
     const int edp = streams_.comm->groups()->edp.size();
-    if (!cfg_.ddp.overlap_grad_reduce || (dp <= 1 && edp <= 1)) {
+    reduce_in_buckets_ = cfg_.ddp.overlap_grad_reduce && (dp > 1 || edp > 1);
+    if (!reduce_in_buckets_ && !param_gather_overlap_) {
         return;
     }
-    // What each position adds to a bucket: the gradients that have a group to reduce over.
+    // What each position adds to a bucket: the parameters that have a group to reduce over.
     // Indexed by position + 1 (the embedding is -1).
     const int num_layers = static_cast<int>(model_->shape().num_layers);
     std::vector<model::GptModel::PositionParams> entries;
@@ -195,36 +209,111 @@ void Trainer::plan_grad_buckets(schedule::ScheduleShape& sched) {
         return bytes;
     };
     // Unset: the bucket size the configuration finalizes to for bucketed overlap (128 MiB).
-    sched.grad_bucket_ends = grad_bucket_ends(
+    // One bucket list serves both the gradient reduction and the parameter gather, as in the
+    // reference.
+    const std::vector<int> ends = grad_bucket_ends(
         num_layers, bytes_at, cfg_.ddp.bucket_size.value_or(config::kDefaultBucketSize));
+    if (reduce_in_buckets_)
+        sched.grad_bucket_ends = ends;
+    if (param_gather_overlap_)
+        sched.param_bucket_ends = ends;
     size_t bucket = 0;
-    grad_buckets_.resize(sched.grad_bucket_ends.size());
+    buckets_.resize(ends.size());
     for (int position = num_layers; position >= schedule::kEmbeddingPosition; --position) {
         const model::GptModel::PositionParams& p = entry(position);
-        GradBucket& b = grad_buckets_[bucket];
+        GradBucket& b = buckets_[bucket];
         b.dense.insert(b.dense.end(), p.dense.begin(), p.dense.end());
         b.expert.insert(b.expert.end(), p.expert.begin(), p.expert.end());
-        if (sched.grad_bucket_ends[bucket] == position)
+        if (ends[bucket] == position)
             ++bucket;
     }
 }
 
 // Sums gradients over the data-parallel ranks: dense over all ranks, experts over the ranks
-// holding the same experts. One blocking all-reduce per parameter, whichever stream runs it,
-// so the sums are the same with and without bucketed overlap.
+// holding the same experts. One blocking collective per parameter, whichever stream runs it, so
+// the sums are the same with and without bucketed overlap: an all-reduce, or with the
+// distributed optimizer a reduce-scatter, which sums this rank's shard exactly as the all-reduce
+// does.
 void Trainer::reduce_grads(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
                            comm::ProcessGroups& groups) {
     auto grad_of = [](Param* p) {
         return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
     };
-    if (groups.dp.size() > 1) {
-        for (Param* p : dense)
-            groups.dp.all_reduce_sum(grad_of(p));
+    for (auto [params, group] : {std::pair{&dense, &groups.dp}, std::pair{&expert, &groups.edp}}) {
+        if (group->size() <= 1)
+            continue;
+        for (Param* p : *params) {
+            if (distributed_)
+                group->reduce_scatter_sum(grad_of(p));
+            else
+                group->all_reduce_sum(grad_of(p));
+        }
     }
-    if (groups.edp.size() > 1) {
-        for (Param* p : expert)
-            groups.edp.all_reduce_sum(grad_of(p));
+}
+
+void Trainer::gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
+                            comm::ProcessGroups& groups) {
+    for (auto [params, group] : {std::pair{&dense, &groups.dp}, std::pair{&expert, &groups.edp}}) {
+        if (group->size() <= 1)
+            continue;
+        for (Param* p : *params) {
+            group->all_gather_shards(p->compute.raw(), p->compute.numel(),
+                                     dtype_size(p->compute.dtype()));
+            ++p->version;  // derived copies (packed expert weights) rebuild themselves
+        }
     }
+}
+
+double Trainer::sum_squares(const std::vector<size_t>& which, comm::Communicator& group,
+                            float factor) {
+    const int g = group.size();
+    const size_t k = which.size();
+    // parts[j * g + r]: shard r of parameter which[j].
+    std::vector<double> parts(k * static_cast<size_t>(g), 0.0);
+    for (size_t j = 0; j < k; ++j) {
+        Param& p = *optimizer_->params[which[j]];
+        float* grad = p.main_grad.data<float>();
+        for (int r = 0; r < g; ++r) {
+            if (distributed_ && r != group.rank())
+                continue;  // that shard's owner computes it
+            const comm::ShardRange range = comm::shard_of(p.main_grad.numel(), g, r);
+            parts[j * g + r] = scale_and_sum_squares(grad + range.begin,
+                                                     static_cast<size_t>(range.size()), factor);
+        }
+    }
+    if (distributed_ && g > 1) {
+        std::vector<double> mine(k), all(k * static_cast<size_t>(g));
+        for (size_t j = 0; j < k; ++j)
+            mine[j] = parts[j * g + group.rank()];
+        group.all_gather(std::span<const double>(mine), std::span<double>(all));
+        for (int r = 0; r < g; ++r)
+            for (size_t j = 0; j < k; ++j)
+                parts[j * g + r] = all[r * k + j];
+    }
+    double sum = 0;
+    for (double v : parts)
+        sum += v;
+    return sum;
+}
+
+void Trainer::sync_params() {
+    if (!distributed_)
+        return;
+    // On the comm stream, whose communicators the in-schedule gathers use, then whole masters.
+    streams_.comm->enqueue("sync_params", [this](runtime::StreamContext& ctx) {
+        comm::ProcessGroups& groups = ctx.comm();
+        if (params_pending_) {
+            gather_params(model_->dense_params(), model_->expert_params(), groups);
+            params_pending_ = false;
+        }
+        for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+            Param& p = *optimizer_->params[i];
+            comm::Communicator& group = optimizer_->expert[i] ? groups.edp : groups.dp;
+            if (group.size() > 1)
+                group.all_gather_shards(p.master.raw(), p.master.numel(), sizeof(float));
+        }
+    });
+    streams_.synchronize();
 }
 
 StepResult Trainer::step() {
@@ -246,10 +335,22 @@ StepResult Trainer::step() {
 
     StepResult result;
     result.step = steps_done_ + 1;
-    const auto body = [this](const schedule::NodeCall& call, runtime::StreamContext& ctx) {
+    const bool gather_pending = params_pending_;
+    params_pending_ = false;
+    const auto body = [this, gather_pending](const schedule::NodeCall& call,
+                                             runtime::StreamContext& ctx) {
         if (call.node == schedule::NodeKind::kGradReduce) {
-            const GradBucket& b = grad_buckets_[static_cast<size_t>(call.layer)];
+            const GradBucket& b = buckets_[static_cast<size_t>(call.layer)];
             reduce_grads(b.dense, b.expert, ctx.comm());
+            return;
+        }
+        if (call.node == schedule::NodeKind::kParamGather) {
+            // Every rank agrees whether the last step left a gather (the first step and one
+            // after a checkpoint load have nothing to gather).
+            if (gather_pending) {
+                const GradBucket& b = buckets_[static_cast<size_t>(call.layer)];
+                gather_params(b.dense, b.expert, ctx.comm());
+            }
             return;
         }
         Arena& scratch = schedule::stream_of(call.node) == schedule::StreamId::kCompute
@@ -318,18 +419,17 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     // already arrived through the all-to-all backward). With bucketed overlap the sums were
     // taken during the last backward. The averaging and the squares for the global norm are
     // one pass, in parameter order either way.
-    if (grad_buckets_.empty()) {
+    if (!reduce_in_buckets_) {
         reduce_grads(dense, expert, groups);
     }
+    // Squares per (parameter, shard) of its group, so that the distributed optimizer, which has
+    // only its own shards reduced, adds the same numbers in the same order.
     const float inv_dp = 1.0f / static_cast<float>(dp_size_);
-    auto grad_of = [](Param* p) {
-        return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
-    };
-    double dense_sq = 0, expert_sq = 0;
-    for (Param* p : dense)
-        dense_sq += scale_and_sum_squares(grad_of(p).data(), grad_of(p).size(), inv_dp);
-    for (Param* p : expert)
-        expert_sq += scale_and_sum_squares(grad_of(p).data(), grad_of(p).size(), inv_dp);
+    std::vector<size_t> dense_index, expert_index;
+    for (size_t i = 0; i < optimizer_->params.size(); ++i)
+        (optimizer_->expert[i] ? expert_index : dense_index).push_back(i);
+    const double dense_sq = sum_squares(dense_index, groups.dp, inv_dp);
+    double expert_sq = sum_squares(expert_index, groups.edp, inv_dp);
 
     // Global norm: dense gradients are identical on every rank; expert gradients differ across
     // the EP group, whose sum of squares is added up in rank order.
@@ -338,7 +438,7 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     }
     result.grad_norm = std::sqrt(dense_sq + expert_sq);
     if (!std::isfinite(result.grad_norm))
-        result.first_nonfinite_grad = first_nonfinite_grad(optimizer_->params);
+        result.first_nonfinite_grad = first_nonfinite_grad(optimizer_->params, optimizer_->shard);
 
     const double clip = clip_coefficient(result.grad_norm, clip_grad_);
     result.learning_rate = learning_rate_at(lr_, steps_done_ + 1);
@@ -346,12 +446,28 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     adam.lr = result.learning_rate;
     for (size_t i = 0; i < optimizer_->params.size(); ++i) {
         Param& p = *optimizer_->params[i];
+        const comm::ShardRange shard = optimizer_->shard[i];
         adam_step_and_zero_grad(
-            adam, steps_done_ + 1, p.master.rank() > 1, p.master.data<float>(),
-            p.main_grad.data<float>(), clip < 1.0 ? static_cast<float>(clip) : 1.0f,
+            adam, steps_done_ + 1, p.master.rank() > 1, p.master.data<float>() + shard.begin,
+            p.main_grad.data<float>() + shard.begin, clip < 1.0 ? static_cast<float>(clip) : 1.0f,
             AdamState{optimizer_->exp_avg[i].data(), optimizer_->exp_avg_sq[i].data()},
-            static_cast<size_t>(p.master.numel()));
-        refresh_compute(p);
+            static_cast<size_t>(shard.size()));
+        if (shard.size() == p.master.numel()) {
+            refresh_compute(p);
+            continue;
+        }
+        // Distributed: the rest of the gradient held this rank's unreduced values; the compute
+        // copy of this shard is fresh now, the other shards arrive by gather.
+        float* grad = p.main_grad.data<float>();
+        std::fill(grad, grad + shard.begin, 0.0f);
+        std::fill(grad + shard.end, grad + p.main_grad.numel(), 0.0f);
+        refresh_compute_range(p, shard.begin, shard.end);
+    }
+    if (distributed_) {
+        if (param_gather_overlap_)
+            params_pending_ = true;  // the next step's first forward gathers, bucket by bucket
+        else
+            gather_params(dense, expert, groups);
     }
 
     // Expert-bias updates from the step's token counts over all data-parallel ranks.

@@ -5,6 +5,15 @@
 // comm stream during the last backward), global gradient norm and clipping, AdamW on fp32
 // masters, fresh compute copies, expert-bias updates and the step's loss reduction.
 //
+// With the distributed optimizer (ddp.use_distributed_optimizer, ZeRO-1 as in Megatron-Core)
+// every parameter's elements are split into one shard per rank of its data-parallel group
+// (communicator.h's shard_of): gradients are reduce-scattered instead of all-reduced, each rank
+// keeps Adam moments and updates masters for its shard only, and the updated compute copies are
+// all-gathered: at the end of the optimizer step, or, with ddp.overlap_param_gather, bucket by
+// bucket on the comm stream during the next step's first forward. The sums, the norm and the
+// updates are the same operations on the same values, so the distributed optimizer is bit-for-bit
+// the plain one (docs/design.md).
+//
 // Every rank runs the same Trainer; collectives go through each stream's own communicators.
 // Both schedules run the same nodes, kernels and collectives in the same per-parameter order, so
 // losses and parameters are bit-identical between them (docs/design.md).
@@ -89,12 +98,22 @@ public:
     // The node calls one step issues (for traces and the critical-path bound).
     const std::vector<schedule::NodeCall>& schedule_calls() const { return calls_; }
 
+    // Between steps, the distributed optimizer leaves each rank the current fp32 masters of its
+    // own shards only, and (with ddp.overlap_param_gather) the other shards' compute copies for
+    // the next step to gather. After sync_params() every rank holds every master and compute
+    // copy in full. Collective (every rank, between steps); a no-op without the distributed
+    // optimizer.
+    void sync_params();
+    bool distributed_optimizer() const { return distributed_; }
+
     // Checkpoints (trainer_state.cpp, format in checkpoint/checkpoint.h). Both are collective
     // over `world` (every rank, between steps, on the thread that calls step()).
     // Saves fp32 masters, Adam moments, expert biases, the step and the data position to
-    // <save_dir>/iter_<steps_done()>, and returns that directory.
+    // <save_dir>/iter_<steps_done()>, and returns that directory. The files hold whole tensors
+    // whether or not the optimizer is distributed (its shards are gathered first), so either
+    // kind of run resumes from either kind of checkpoint.
     std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
-                                          comm::Communicator& world) const;
+                                          comm::Communicator& world);
     // Restores a state saved by save_checkpoint() (`checkpoint_dir` is one iter_* directory), so
     // that the following steps are bit-identical to those of the run that saved it. Refuses, on
     // every rank and before changing anything, a checkpoint of another layout or configuration
@@ -103,8 +122,12 @@ public:
 
 private:
     struct OptimizerState {
-        std::vector<Param*> params;
-        std::vector<std::vector<float>> exp_avg, exp_avg_sq;  // [param](numel) Adam m and v
+        std::vector<Param*> params;  // dense, then expert
+        std::vector<char> expert;    // params[i] is an expert parameter (group edp, else dp)
+        // The elements this rank updates: its shard when the optimizer is distributed over a
+        // group of 2 or more, else all of them.
+        std::vector<comm::ShardRange> shard;
+        std::vector<std::vector<float>> exp_avg, exp_avg_sq;  // [param](shard size) Adam m, v
     };
     struct GradBucket {
         std::vector<Param*> dense, expert;
@@ -113,6 +136,14 @@ private:
     void plan_grad_buckets(schedule::ScheduleShape& sched);
     void reduce_grads(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
                       comm::ProcessGroups& groups);
+    // Sum of squares of the gradients of params[i] for i in `which` (one group), scaled by
+    // `factor`, added in (parameter, shard) order so that both optimizers get the same bits.
+    double sum_squares(const std::vector<size_t>& which, comm::Communicator& group, float factor);
+    // Distributed optimizer: the compute copies of `dense` / `expert` gathered from every shard.
+    void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
+                       comm::ProcessGroups& groups);
+    // Whole-tensor Adam moments for a checkpoint: the state itself, or every shard gathered.
+    std::vector<std::vector<float>> full_moments(bool second, comm::ProcessGroups& groups) const;
 
     config::Config cfg_;
     TrainerOptions options_;
@@ -122,6 +153,9 @@ private:
     int dp_size_ = 1;
     int64_t num_micro_batches_ = 1;
     bool overlap_ = false;
+    bool distributed_ = false;           // distributed optimizer over a group of 2 or more
+    bool param_gather_overlap_ = false;  // gathers run in the next step's first forward
+    bool params_pending_ = false;        // compute copies wait for that gather
     int64_t steps_done_ = 0;
     double step_flops_ = 0;
 
@@ -135,7 +169,8 @@ private:
     AdamConfig adam_;
     double clip_grad_ = 1.0;
     std::vector<schedule::NodeCall> calls_;
-    std::vector<GradBucket> grad_buckets_;  // empty: the optimizer step reduces the gradients
+    std::vector<GradBucket> buckets_;  // in backward order (ScheduleShape::bucket_ends)
+    bool reduce_in_buckets_ = false;   // else the optimizer step reduces the gradients
     std::optional<InjectedFailure> injected_failure_;
 };
 

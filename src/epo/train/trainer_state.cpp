@@ -10,6 +10,7 @@
 // Scalars in the metadata: iteration (= Adam's step count and the LR schedule's position),
 // consumed samples (the data position: sample indices are a pure function of the step).
 // Gradients are not saved: they are zero between steps.
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -78,24 +79,62 @@ void check_tensors_match(const std::vector<io::NamedTensor>& expected,
 
 }  // namespace
 
+std::vector<std::vector<float>> Trainer::full_moments(bool second,
+                                                      comm::ProcessGroups& groups) const {
+    std::vector<std::vector<float>> full;
+    for (size_t i = 0; i < optimizer_->params.size(); ++i) {
+        const Param& p = *optimizer_->params[i];
+        const std::vector<float>& mine =
+            second ? optimizer_->exp_avg_sq[i] : optimizer_->exp_avg[i];
+        const comm::ShardRange shard = optimizer_->shard[i];
+        std::vector<float>& f = full.emplace_back(static_cast<size_t>(p.master.numel()), 0.0f);
+        std::copy(mine.begin(), mine.end(), f.begin() + shard.begin);
+        if (shard.size() != p.master.numel()) {
+            comm::Communicator& group = optimizer_->expert[i] ? groups.edp : groups.dp;
+            group.all_gather_shards(f.data(), p.master.numel(), sizeof(float));
+        }
+    }
+    return full;
+}
+
 std::filesystem::path Trainer::save_checkpoint(const std::filesystem::path& save_dir,
-                                               comm::Communicator& world) const {
+                                               comm::Communicator& world) {
     const checkpoint::CheckpointInfo info{
         .iteration = steps_done_,
         .consumed_samples = steps_done_ * config::global_batch_size(cfg_),
         .seed = static_cast<uint64_t>(cfg_.train.seed),
         .layout = checkpoint::world_layout_of(cfg_, world_size_),
         .config_yaml = config::to_yaml(cfg_)};
+    // Whole tensors in the files either way: the distributed optimizer's shards are gathered.
+    sync_params();
+    std::vector<std::vector<float>> exp_avg, exp_avg_sq;
+    if (distributed_) {
+        streams_.comm->enqueue("gather_moments", [&](runtime::StreamContext& ctx) {
+            exp_avg = full_moments(false, ctx.comm());
+            exp_avg_sq = full_moments(true, ctx.comm());
+        });
+        streams_.synchronize();
+    }
     return checkpoint::save_checkpoint(
         save_dir, info,
-        state_views(*model_, optimizer_->params, optimizer_->exp_avg, optimizer_->exp_avg_sq),
+        state_views(*model_, optimizer_->params, distributed_ ? exp_avg : optimizer_->exp_avg,
+                    distributed_ ? exp_avg_sq : optimizer_->exp_avg_sq),
         world);
 }
 
 void Trainer::load_checkpoint(const std::filesystem::path& checkpoint_dir,
                               comm::Communicator& world) {
+    // The files hold whole moments; the distributed optimizer keeps its shard of them.
+    std::vector<std::vector<float>> exp_avg, exp_avg_sq;
+    if (distributed_) {
+        for (const Param* p : optimizer_->params) {
+            exp_avg.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
+            exp_avg_sq.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
+        }
+    }
     const std::vector<io::NamedTensor> views =
-        state_views(*model_, optimizer_->params, optimizer_->exp_avg, optimizer_->exp_avg_sq);
+        state_views(*model_, optimizer_->params, distributed_ ? exp_avg : optimizer_->exp_avg,
+                    distributed_ ? exp_avg_sq : optimizer_->exp_avg_sq);
     checkpoint::RankCheckpoint loaded;
     std::exception_ptr failure;
     try {
@@ -110,10 +149,18 @@ void Trainer::load_checkpoint(const std::filesystem::path& checkpoint_dir,
     checkpoint::agree_on_success(world, failure);
     for (const io::NamedTensor& v : views)
         v.tensor.copy_from(loaded.file.at(v.name));
+    for (size_t i = 0; distributed_ && i < optimizer_->params.size(); ++i) {
+        const comm::ShardRange shard = optimizer_->shard[i];
+        std::copy(exp_avg[i].begin() + shard.begin, exp_avg[i].begin() + shard.end,
+                  optimizer_->exp_avg[i].begin());
+        std::copy(exp_avg_sq[i].begin() + shard.begin, exp_avg_sq[i].begin() + shard.end,
+                  optimizer_->exp_avg_sq[i].begin());
+    }
     for (Param* p : optimizer_->params) {
         refresh_compute(*p);
         zero_grad(*p);
     }
+    params_pending_ = false;  // every rank has loaded every weight in full
     steps_done_ = loaded.info.iteration;
 }
 
