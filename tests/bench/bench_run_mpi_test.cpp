@@ -98,6 +98,10 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
             EXPECT_GT(r.at("step_time_s").at(key).get<double>(), 0) << key;
         }
         EXPECT_EQ(r.at("losses").size(), 4u);
+        // The comm thread's CPU time: positive (its copies and sums), below its busy time (it
+        // sleeps through the link model and late peers).
+        EXPECT_GT(r.at("comm_cpu_s").get<double>(), 0);
+        EXPECT_LE(r.at("comm_cpu_s").get<double>(), r.at("comm_s").get<double>() * 1.05 + 0.01);
         EXPECT_GT(r.at("peak_rss_bytes").get<double>(), 0);
         EXPECT_EQ(r.at("steps_completed"), 8);  // 2 repeats x 4 steps
     }

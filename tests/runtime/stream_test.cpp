@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
+#include <thread>
 
 #include "epo/core/error.h"
 
@@ -232,6 +234,25 @@ TEST(Stream, RecordsNameStreamAndTimes) {
     EXPECT_EQ(a.stats().num_tasks, 2);
     EXPECT_GE(a.stats().busy_s, 0.005);
     EXPECT_TRUE(a.take_records().empty());
+}
+
+TEST(Stream, RecordsTheCpuTimeOfItsThread) {
+    // A task that computes uses CPU time for its whole duration (up to preemption on a loaded
+    // machine); one that sleeps uses almost none.
+    Stream a("comm");
+    a.enqueue("spin", [](StreamContext&) {
+        const auto end = std::chrono::steady_clock::now() + 30ms;
+        volatile uint64_t x = 0;
+        while (std::chrono::steady_clock::now() < end)
+            x = x + 1;
+    });
+    a.enqueue("sleep", [](StreamContext&) { std::this_thread::sleep_for(30ms); });
+    a.synchronize();
+    const auto r = a.take_records();
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_GT(r[0].cpu_ns, 5'000'000) << "spinning for 30 ms";
+    EXPECT_LE(r[0].cpu_ns, r[0].end_ns - r[0].start_ns + 1'000'000);
+    EXPECT_LT(r[1].cpu_ns, 5'000'000) << "sleeping for 30 ms";
 }
 
 TEST(Stream, DestructorFinishesIssuedWork) {

@@ -69,6 +69,7 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes) {
             {"compute_s", r.compute_s},
             {"comm_s", r.comm_s},
             {"exposed_comm_s", r.exposed_comm_s},
+            {"comm_cpu_s", r.comm_cpu_s},
             {"peak_rss_bytes", r.peak_rss_bytes},
             {"peak_activation_bytes", r.peak_activation_bytes},
             {"losses", r.losses.empty() ? std::vector<double>{} : r.losses.front()},

@@ -4,14 +4,15 @@
 // metrics.json (version 1):
 //   runs[]: name, overlap_moe_expert_parallel_comm, delay_wgrad_compute,
 //           step_time_s {median, min, max}, step_times_s[], tokens_per_s, tflops_per_rank,
-//           compute_s, comm_s, exposed_comm_s (medians over measured steps of the largest over
-//           ranks), peak_rss_bytes, peak_activation_bytes, losses[], grad_norms[] (first
-//           repeat), steps_planned, steps_completed, repeats_identical, losses_match_baseline,
-//           critical_path_bound_s, overlap_efficiency, speedup_vs_baseline,
+//           compute_s, comm_s, exposed_comm_s, comm_cpu_s (medians over measured steps of the
+//           largest over ranks), peak_rss_bytes, peak_activation_bytes, losses[], grad_norms[]
+//           (first repeat), steps_planned, steps_completed, repeats_identical,
+//           losses_match_baseline, critical_path_bound_s, overlap_efficiency, speedup_vs_baseline,
 //           nodes {kind: {stream, calls_per_step, seconds_per_step[rank],
 //           bytes_sent_per_step[rank], bytes_received_per_step[rank]}}
 //   overlap_speedup, overlap_efficiency (the "overlap" run's), loss_bitwise_identical,
-//   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null),
+//   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null; bytes per step
+//   of the all-to-alls, gradient reductions, parameter gathers and optimizer-step reductions),
 //   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,
 //   warmup_steps, repeats, wall_time_s, completed
 //

@@ -194,18 +194,20 @@ void derive(BenchResult& result) {
         }
     }
     for (ScheduleRun& r : result.runs) {
-        std::vector<double> step, compute, comm_s, exposed;
+        std::vector<double> step, compute, comm_s, exposed, comm_cpu;
         for (const StepMetrics& m : r.measured) {
             step.push_back(m.step_time_s);
             compute.push_back(m.compute_busy_s);
             comm_s.push_back(m.comm_busy_s);
             exposed.push_back(m.exposed_comm_s);
+            comm_cpu.push_back(m.comm_cpu_s);
             r.peak_activation_bytes = std::max(r.peak_activation_bytes, m.peak_activation_bytes);
         }
         r.step_time_s = summarize(step);
         r.compute_s = summarize(compute).median;
         r.comm_s = summarize(comm_s).median;
         r.exposed_comm_s = summarize(exposed).median;
+        r.comm_cpu_s = summarize(comm_cpu).median;
         if (r.step_time_s.median > 0 && !r.measured.empty()) {
             const StepMetrics& m = r.measured.front();
             r.tokens_per_s = m.tokens_per_s * m.step_time_s / r.step_time_s.median;
@@ -444,12 +446,13 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
                                     static_cast<double>(total_steps - steps_done);
                 logs.rank_file << fmt::format(
                     "{} repeat {} step {}: {:.4f} s (this rank {:.4f} s, compute {:.4f}, comm "
-                    "{:.4f}, exposed {:.4f}), loss {:.6f}{}\n",
+                    "{:.4f}, exposed {:.4f}, comm thread CPU {:.4f}), loss {:.6f}{}\n",
                     run.schedule.name, rep + 1, i + 1, m.step_time_s,
                     m.ranks[static_cast<size_t>(rank)].step_time_s,
                     m.ranks[static_cast<size_t>(rank)].compute_busy_s,
                     m.ranks[static_cast<size_t>(rank)].comm_busy_s,
-                    m.ranks[static_cast<size_t>(rank)].exposed_comm_s, r.lm_loss,
+                    m.ranks[static_cast<size_t>(rank)].exposed_comm_s,
+                    m.ranks[static_cast<size_t>(rank)].comm_cpu_s, r.lm_loss,
                     warm_up ? " (warm-up)" : "");
                 if (logs.progress) {
                     *logs.progress

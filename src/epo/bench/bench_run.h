@@ -96,7 +96,8 @@ struct ScheduleRun {
     Summary step_time_s;
     double tokens_per_s = 0, tflops_per_rank = 0;          // at the median step time
     double compute_s = 0, comm_s = 0, exposed_comm_s = 0;  // medians
-    std::optional<double> critical_path_bound_s;           // overlap runs: largest over ranks
+    double comm_cpu_s = 0;  // median CPU time of the comm stream's thread (largest rank)
+    std::optional<double> critical_path_bound_s;  // overlap runs: largest over ranks
     std::optional<double> overlap_efficiency;
     std::optional<double> speedup_vs_baseline;  // baseline median / this median
     bool repeats_identical = true;              // every repeat the same losses, bit for bit

@@ -86,13 +86,14 @@ StepWork step_work(const config::Config& cfg, const train::Trainer& trainer) {
 
 StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result) {
     // Fixed layout of one rank's numbers, gathered as doubles (byte counts stay exact below 2^53).
-    constexpr int kFields = 6;
+    constexpr int kFields = 7;
     const double mine[kFields] = {result.step_time_s,
                                   result.compute_busy_s,
                                   result.comm_busy_s,
                                   result.exposed_comm_s,
                                   static_cast<double>(result.peak_activation_bytes),
-                                  static_cast<double>(peak_rss_bytes())};
+                                  static_cast<double>(peak_rss_bytes()),
+                                  result.comm_cpu_s};
     const int world = comm::current_world_size();
     std::vector<double> all(static_cast<size_t>(world * kFields));
     comm::check_mpi(
@@ -109,12 +110,14 @@ StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& r
                              .compute_busy_s = f[1],
                              .comm_busy_s = f[2],
                              .exposed_comm_s = f[3],
+                             .comm_cpu_s = f[6],
                              .peak_activation_bytes = static_cast<int64_t>(f[4]),
                              .peak_rss_bytes = static_cast<int64_t>(f[5])};
         m.step_time_s = std::max(m.step_time_s, rank.step_time_s);
         m.compute_busy_s = std::max(m.compute_busy_s, rank.compute_busy_s);
         m.comm_busy_s = std::max(m.comm_busy_s, rank.comm_busy_s);
         m.exposed_comm_s = std::max(m.exposed_comm_s, rank.exposed_comm_s);
+        m.comm_cpu_s = std::max(m.comm_cpu_s, rank.comm_cpu_s);
         m.peak_activation_bytes = std::max(m.peak_activation_bytes, rank.peak_activation_bytes);
         m.peak_rss_bytes = std::max(m.peak_rss_bytes, rank.peak_rss_bytes);
         m.ranks.push_back(rank);

@@ -44,6 +44,7 @@ struct RankStepMetrics {
     double compute_busy_s = 0;
     double comm_busy_s = 0;
     double exposed_comm_s = 0;
+    double comm_cpu_s = 0;  // CPU time of the comm stream's thread in its tasks
     int64_t peak_activation_bytes = 0;
     int64_t peak_rss_bytes = 0;
 };
@@ -58,6 +59,7 @@ struct StepMetrics {
     double compute_busy_s = 0;
     double comm_busy_s = 0;
     double exposed_comm_s = 0;
+    double comm_cpu_s = 0;
     int64_t peak_activation_bytes = 0;
     int64_t peak_rss_bytes = 0;
     double tokens_per_s = 0;

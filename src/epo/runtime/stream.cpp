@@ -1,10 +1,21 @@
 #include "epo/runtime/stream.h"
 
+#include <ctime>
 #include <utility>
 
 #include "epo/core/error.h"
 
 namespace epo::runtime {
+namespace {
+
+// CPU time of the calling thread, in nanoseconds.
+int64_t thread_cpu_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
 
 comm::ProcessGroups& StreamContext::comm() {
     if (groups_ == nullptr) {
@@ -182,12 +193,14 @@ void Stream::execute(Item& item) {
     const comm::ByteCounts bytes_before = groups_ ? groups_->total_bytes() : comm::ByteCounts{};
     rec.start_ns = comm::to_ns(comm::Clock::now());
     if (item.kind == ItemKind::kTask) {
+        const int64_t cpu_start = thread_cpu_ns();
         try {
             StreamContext context(*this, groups_.get());
             item.task(context);
         } catch (...) {
             failure = std::current_exception();
         }
+        rec.cpu_ns = thread_cpu_ns() - cpu_start;
     } else {
         failure = item.marker->wait();
     }

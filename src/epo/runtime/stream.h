@@ -64,6 +64,10 @@ struct TaskRecord {
     RecordKind kind = RecordKind::kTask;
     int64_t start_ns = 0;  // steady clock (CLOCK_MONOTONIC, shared by the ranks of a host)
     int64_t end_ns = 0;
+    // CPU time the stream's worker thread used during the task (CLOCK_THREAD_CPUTIME_ID): on
+    // CPU ranks, what a stream takes from the cores; a task that sleeps or waits uses little.
+    // 0 for waits.
+    int64_t cpu_ns = 0;
     comm::ByteCounts bytes;  // moved by the task's collectives (on this stream's communicators)
 };
 

@@ -395,8 +395,10 @@ StepResult Trainer::step() {
                     result.exposed_comm_s += d;
             } else if (stream == streams_.compute.get()) {
                 result.compute_busy_s += d;
+                result.compute_cpu_s += static_cast<double>(r.cpu_ns) * 1e-9;
             } else {
                 result.comm_busy_s += d;
+                result.comm_cpu_s += static_cast<double>(r.cpu_ns) * 1e-9;
             }
         }
         if (options_.keep_records) {

@@ -49,6 +49,8 @@ struct StepResult {
     double compute_busy_s = 0;  // this rank's streams
     double comm_busy_s = 0;
     double exposed_comm_s = 0;  // time the compute stream waited for the comm stream
+    double compute_cpu_s = 0;   // CPU time of each stream's worker thread in its tasks
+    double comm_cpu_s = 0;
     int64_t peak_activation_bytes = 0;
     std::vector<runtime::TaskRecord> records;  // both streams' tasks and waits (this rank)
     // When grad_norm is not finite: this rank's first parameter whose gradient holds a NaN or an
