@@ -511,36 +511,32 @@ void Communicator::add_shard_bytes(ByteCounts& bytes, int64_t total, int64_t ite
     }
 }
 
-OpStats Communicator::all_reduce_sum(std::span<float> data) {
-    const Op op = begin(OpKind::kAllReduce);
+// The all-reduce and the reduce-scatter: the same shard sums, then (all-reduce) the gather.
+OpStats Communicator::shard_sum(OpKind kind, std::span<float> data, bool gather) {
+    const Op op = begin(kind);
     const auto total = static_cast<int64_t>(data.size());
-    to_int(total, "all_reduce element count");
+    to_int(total, fmt::format("{} element count", op_name(static_cast<uint32_t>(kind))));
     sizes_a_.assign(size_, total);
     const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, 0);
     {
         auto guard = watch_data_phase(op);
         sum_my_shard(data);
-        gather_shards(data.data(), total, sizeof(float));
+        if (gather)
+            gather_shards(data.data(), total, sizeof(float));
     }
     ByteCounts bytes;
     add_shard_bytes(bytes, total, sizeof(float), true);
-    add_shard_bytes(bytes, total, sizeof(float), false);
+    if (gather)
+        add_shard_bytes(bytes, total, sizeof(float), false);
     return finish(op, last_entry, bytes);
 }
 
+OpStats Communicator::all_reduce_sum(std::span<float> data) {
+    return shard_sum(OpKind::kAllReduce, data, true);
+}
+
 OpStats Communicator::reduce_scatter_sum(std::span<float> data) {
-    const Op op = begin(OpKind::kReduceScatter);
-    const auto total = static_cast<int64_t>(data.size());
-    to_int(total, "reduce_scatter element count");
-    sizes_a_.assign(size_, total);
-    const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, 0);
-    {
-        auto guard = watch_data_phase(op);
-        sum_my_shard(data);
-    }
-    ByteCounts bytes;
-    add_shard_bytes(bytes, total, sizeof(float), true);
-    return finish(op, last_entry, bytes);
+    return shard_sum(OpKind::kReduceScatter, data, false);
 }
 
 OpStats Communicator::all_gather_shards(void* data, int64_t total, size_t elem_bytes) {

@@ -179,6 +179,7 @@ private:
     OpStats finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes);
     void add_peer_bytes(ByteCounts& bytes, int peer, int64_t sent, int64_t recv) const;
     void add_shard_bytes(ByteCounts& bytes, int64_t total, int64_t item_bytes, bool scatter) const;
+    OpStats shard_sum(OpKind kind, std::span<float> data, bool gather);
     void sum_my_shard(std::span<float> data);  // data phases (no arrival, no accounting)
     void gather_shards(void* data, int64_t total, size_t elem_bytes);
     std::string describe(const Op& op) const;
