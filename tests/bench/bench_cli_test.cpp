@@ -78,36 +78,17 @@ TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
 
 TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
     const fs::path out = temp_dir("run");
-    const comm::LaunchResult r = epo({"bench",
-                                      "--model",
-                                      "tiny-moe",
-                                      "--num_nodes",
-                                      "2",
-                                      "--gpus_per_node",
-                                      "1",
-                                      "-ep",
-                                      "2",
-                                      "-gb",
-                                      "16",
-                                      "--max_steps",
-                                      "3",
-                                      "--compare",
-                                      "--repeats",
-                                      "1",
-                                      // A ratio well above the comm stream's own share:
-                                      // with this tiny model under ctest -j2, the
-                                      // all-to-alls' unmodelled time alone reached 2 x
-                                      // compute, and calibration (rightly) refused.
-                                      "--comm_compute_ratio",
-                                      "8",
-                                      "--out",
-                                      out.string(),
-                                      "model.hidden_size=64",
-                                      "model.kv_channels=16",
-                                      "model.ffn_hidden_size=128",
-                                      "model.moe_ffn_hidden_size=64",
-                                      "model.seq_length=32"},
-                                     240);
+    const comm::LaunchResult r =
+        epo({"bench", "--model", "tiny-moe", "--num_nodes", "2", "--gpus_per_node", "1", "-ep", "2",
+             "-gb", "16", "--max_steps", "3", "--compare", "--repeats", "1",
+             // A ratio well above the comm stream's own share:
+             // with this tiny model under ctest -j2, the
+             // all-to-alls' unmodelled time alone reached 2 x
+             // compute, and calibration (rightly) refused.
+             "--comm_compute_ratio", "8", "--out", out.string(), "model.hidden_size=64",
+             "model.kv_channels=16", "model.ffn_hidden_size=128", "model.moe_ffn_hidden_size=64",
+             "model.seq_length=32"},
+            240);
     ASSERT_EQ(r.exit_status, 0) << r.stdout_text << r.stderr_text;
     EXPECT_NE(r.stdout_text.find("2 ranks (2 nodes x 1)"), std::string::npos) << r.stdout_text;
     EXPECT_NE(r.stdout_text.find("overlap+delay_wgrad"), std::string::npos);

@@ -41,6 +41,18 @@ RunRecord run(const config::Config& cfg, int steps,
     return r;
 }
 
+// Losses, grad norms and final fp32 parameters equal bit for bit.
+void expect_bit_identical(const RunRecord& a, const RunRecord& b) {
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.grad_norms, b.grad_norms);
+    ASSERT_EQ(a.params.size(), b.params.size());
+    for (size_t i = 0; i < a.params.size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
+                                 a.params[i].size() * sizeof(float)))
+            << "parameter " << i;
+    }
+}
+
 std::vector<std::string> tiny(int world, std::vector<std::string> extra) {
     std::vector<std::string> o = {"model.num_layers=2",
                                   "model.hidden_size=64",
@@ -98,14 +110,7 @@ TEST_P(OverlapMatrix, BitIdenticalToBaseline) {
     ASSERT_EQ(base.model.moe_expert_capacity_factor.has_value(), GetParam().capacity);
     const RunRecord a = run(base, kSteps), b = run(overlap, kSteps), c = run(delayed, kSteps);
     for (const RunRecord* other : {&b, &c}) {
-        EXPECT_EQ(a.losses, other->losses);
-        EXPECT_EQ(a.grad_norms, other->grad_norms);
-        ASSERT_EQ(a.params.size(), other->params.size());
-        for (size_t i = 0; i < a.params.size(); ++i) {
-            EXPECT_EQ(0, std::memcmp(a.params[i].data(), other->params[i].data(),
-                                     a.params[i].size() * sizeof(float)))
-                << "parameter " << i;
-        }
+        expect_bit_identical(a, *other);
     }
     EXPECT_LT(a.losses.back(), a.losses.front());
     // Two micro-batches in flight, activations released node by node as the backward consumes
@@ -131,21 +136,24 @@ INSTANTIATE_TEST_SUITE_P(Trainer, OverlapMatrix,
                                            MatrixCase{3, true}, MatrixCase{8, true}),
                          case_name);
 
+// tiny-moe with `micro_batches` per step where experts have a data-parallel group on 4 ranks
+// (EP 2), so expert gradients take part in data-parallel reductions too; EP = world below.
+config::Config data_parallel_config(int micro_batches, const std::vector<std::string>& extra) {
+    const int world = comm::current_world_size();
+    std::vector<std::string> o =
+        tiny(world, {"train.global_batch_size=" + std::to_string(2 * world * micro_batches)});
+    o.push_back("model.expert_model_parallel_size=" + std::to_string(world >= 4 ? 2 : world));
+    o.insert(o.end(), extra.begin(), extra.end());
+    return epo::testing::run_config("tiny-moe", o);
+}
+
 // ddp.overlap_grad_reduce: the data-parallel all-reduces move into the last backward, bucket
 // by bucket on the comm stream. Same sums, so the runs stay bit-identical to the baseline that
 // reduces in the optimizer step, whatever the bucket size and schedule. On 4 ranks with EP 2 the
 // experts have a data-parallel group too, so expert gradients are bucketed as well.
 TEST(Trainer, BucketedGradReduceMatchesAndRunsOnTheCommStream) {
     constexpr int kSteps = 10;
-    const int world = comm::current_world_size();
-    const int ep = world >= 4 ? 2 : world;
-    auto with = [&](std::vector<std::string> extra) {
-        std::vector<std::string> o =
-            tiny(world, {"train.global_batch_size=" + std::to_string(2 * world * 4)});
-        o.push_back("model.expert_model_parallel_size=" + std::to_string(ep));
-        o.insert(o.end(), extra.begin(), extra.end());
-        return epo::testing::run_config("tiny-moe", o);
-    };
+    auto with = [](std::vector<std::string> extra) { return data_parallel_config(4, extra); };
     const std::string on = "ddp.overlap_grad_reduce=true";
     const config::Config base = with({"ddp.overlap_grad_reduce=false"});
     const config::Config per_position = with({on, "ddp.bucket_size=1"});
@@ -185,14 +193,7 @@ TEST(Trainer, BucketedGradReduceMatchesAndRunsOnTheCommStream) {
     const RunRecord a = run(base, kSteps);
     for (const config::Config* cfg : {&per_position, &overlap, &one_bucket}) {
         const RunRecord b = run(*cfg, kSteps);
-        EXPECT_EQ(a.losses, b.losses);
-        EXPECT_EQ(a.grad_norms, b.grad_norms);
-        ASSERT_EQ(a.params.size(), b.params.size());
-        for (size_t i = 0; i < a.params.size(); ++i) {
-            EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
-                                     a.params[i].size() * sizeof(float)))
-                << "parameter " << i;
-        }
+        expect_bit_identical(a, b);
     }
 }
 
@@ -203,15 +204,7 @@ TEST(Trainer, BucketedGradReduceMatchesAndRunsOnTheCommStream) {
 // 4 ranks with EP 2 the expert weights have a data-parallel group and are sharded too.
 TEST(Trainer, DistributedOptimizerMatchesThePlainOneBitForBit) {
     constexpr int kSteps = 6;
-    const int world = comm::current_world_size();
-    const int ep = world >= 4 ? 2 : world;
-    auto with = [&](std::vector<std::string> extra) {
-        std::vector<std::string> o =
-            tiny(world, {"train.global_batch_size=" + std::to_string(2 * world * 3)});
-        o.push_back("model.expert_model_parallel_size=" + std::to_string(ep));
-        o.insert(o.end(), extra.begin(), extra.end());
-        return epo::testing::run_config("tiny-moe", o);
-    };
+    auto with = [](std::vector<std::string> extra) { return data_parallel_config(3, extra); };
     const config::Config plain =
         with({"ddp.use_distributed_optimizer=false", "ddp.overlap_grad_reduce=false",
               "ddp.overlap_param_gather=false"});
@@ -280,14 +273,7 @@ TEST(Trainer, DistributedOptimizerMatchesThePlainOneBitForBit) {
     const RunRecord a = run(plain, kSteps);
     for (const config::Config* cfg : {&gather_in_step, &overlapped, &defaults}) {
         const RunRecord b = run(*cfg, kSteps);
-        EXPECT_EQ(a.losses, b.losses);
-        EXPECT_EQ(a.grad_norms, b.grad_norms);
-        ASSERT_EQ(a.params.size(), b.params.size());
-        for (size_t i = 0; i < a.params.size(); ++i) {
-            EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
-                                     a.params[i].size() * sizeof(float)))
-                << "parameter " << i;
-        }
+        expect_bit_identical(a, b);
     }
 }
 

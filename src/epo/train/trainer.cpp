@@ -110,15 +110,13 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     param_gather_overlap_ = distributed_ && cfg.ddp.overlap_param_gather;
     optimizer_ = std::make_unique<OptimizerState>();
     optimizer_->params = model_->all_params();
-    const size_t num_dense = model_->dense_params().size();
+    optimizer_->num_dense = model_->dense_params().size();
     for (size_t i = 0; i < optimizer_->params.size(); ++i) {
         const Param* p = optimizer_->params[i];
-        const bool expert = i >= num_dense;
-        const comm::Communicator& group = expert ? groups.edp : groups.dp;
+        const comm::Communicator& group = optimizer_->group_of(i, *streams_.comm->groups());
         const comm::ShardRange shard =
             distributed_ ? comm::shard_of(p->master.numel(), group.size(), group.rank())
                          : comm::ShardRange{0, p->master.numel()};
-        optimizer_->expert.push_back(expert);
         optimizer_->shard.push_back(shard);
         optimizer_->exp_avg.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
         optimizer_->exp_avg_sq.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
@@ -264,14 +262,13 @@ void Trainer::gather_params(const std::vector<Param*>& dense, const std::vector<
     }
 }
 
-double Trainer::sum_squares(const std::vector<size_t>& which, comm::Communicator& group,
-                            float factor) {
+double Trainer::sum_squares(size_t begin, size_t end, comm::Communicator& group, float factor) {
     const int g = group.size();
-    const size_t k = which.size();
-    // parts[j * g + r]: shard r of parameter which[j].
+    const size_t k = end - begin;
+    // parts[j * g + r]: shard r of parameter begin + j.
     std::vector<double> parts(k * static_cast<size_t>(g), 0.0);
     for (size_t j = 0; j < k; ++j) {
-        Param& p = *optimizer_->params[which[j]];
+        Param& p = *optimizer_->params[begin + j];
         float* grad = p.main_grad.data<float>();
         for (int r = 0; r < g; ++r) {
             if (distributed_ && r != group.rank())
@@ -308,7 +305,7 @@ void Trainer::sync_params() {
         }
         for (size_t i = 0; i < optimizer_->params.size(); ++i) {
             Param& p = *optimizer_->params[i];
-            comm::Communicator& group = optimizer_->expert[i] ? groups.edp : groups.dp;
+            comm::Communicator& group = optimizer_->group_of(i, groups);
             if (group.size() > 1)
                 group.all_gather_shards(p.master.raw(), p.master.numel(), sizeof(float));
         }
@@ -395,7 +392,6 @@ StepResult Trainer::step() {
                     result.exposed_comm_s += d;
             } else if (stream == streams_.compute.get()) {
                 result.compute_busy_s += d;
-                result.compute_cpu_s += static_cast<double>(r.cpu_ns) * 1e-9;
             } else {
                 result.comm_busy_s += d;
                 result.comm_cpu_s += static_cast<double>(r.cpu_ns) * 1e-9;
@@ -427,11 +423,9 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     // Squares per (parameter, shard) of its group, so that the distributed optimizer, which has
     // only its own shards reduced, adds the same numbers in the same order.
     const float inv_dp = 1.0f / static_cast<float>(dp_size_);
-    std::vector<size_t> dense_index, expert_index;
-    for (size_t i = 0; i < optimizer_->params.size(); ++i)
-        (optimizer_->expert[i] ? expert_index : dense_index).push_back(i);
-    const double dense_sq = sum_squares(dense_index, groups.dp, inv_dp);
-    double expert_sq = sum_squares(expert_index, groups.edp, inv_dp);
+    const size_t num_params = optimizer_->params.size(), num_dense = optimizer_->num_dense;
+    const double dense_sq = sum_squares(0, num_dense, groups.dp, inv_dp);
+    double expert_sq = sum_squares(num_dense, num_params, groups.edp, inv_dp);
 
     // Global norm: dense gradients are identical on every rank; expert gradients differ across
     // the EP group, whose sum of squares is added up in rank order.

@@ -49,8 +49,7 @@ struct StepResult {
     double compute_busy_s = 0;  // this rank's streams
     double comm_busy_s = 0;
     double exposed_comm_s = 0;  // time the compute stream waited for the comm stream
-    double compute_cpu_s = 0;   // CPU time of each stream's worker thread in its tasks
-    double comm_cpu_s = 0;
+    double comm_cpu_s = 0;      // CPU time of the comm stream's thread in its tasks
     int64_t peak_activation_bytes = 0;
     std::vector<runtime::TaskRecord> records;  // both streams' tasks and waits (this rank)
     // When grad_norm is not finite: this rank's first parameter whose gradient holds a NaN or an
@@ -125,7 +124,10 @@ public:
 private:
     struct OptimizerState {
         std::vector<Param*> params;  // dense, then expert
-        std::vector<char> expert;    // params[i] is an expert parameter (group edp, else dp)
+        size_t num_dense = 0;        // params[i] is an expert parameter (group edp) from here on
+        comm::Communicator& group_of(size_t i, comm::ProcessGroups& groups) const {
+            return i >= num_dense ? groups.edp : groups.dp;
+        }
         // The elements this rank updates: its shard when the optimizer is distributed over a
         // group of 2 or more, else all of them.
         std::vector<comm::ShardRange> shard;
@@ -138,9 +140,9 @@ private:
     void plan_grad_buckets(schedule::ScheduleShape& sched);
     void reduce_grads(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
                       comm::ProcessGroups& groups);
-    // Sum of squares of the gradients of params[i] for i in `which` (one group), scaled by
-    // `factor`, added in (parameter, shard) order so that both optimizers get the same bits.
-    double sum_squares(const std::vector<size_t>& which, comm::Communicator& group, float factor);
+    // Sum of squares of the gradients of params[begin, end) (one group), scaled by `factor`,
+    // added in (parameter, shard) order so that both optimizers get the same bits.
+    double sum_squares(size_t begin, size_t end, comm::Communicator& group, float factor);
     // Distributed optimizer: the compute copies of `dense` / `expert` gathered from every shard.
     void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
                        comm::ProcessGroups& groups);

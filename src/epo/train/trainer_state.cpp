@@ -90,7 +90,7 @@ std::vector<std::vector<float>> Trainer::full_moments(bool second,
         std::vector<float>& f = full.emplace_back(static_cast<size_t>(p.master.numel()), 0.0f);
         std::copy(mine.begin(), mine.end(), f.begin() + shard.begin);
         if (shard.size() != p.master.numel()) {
-            comm::Communicator& group = optimizer_->expert[i] ? groups.edp : groups.dp;
+            comm::Communicator& group = optimizer_->group_of(i, groups);
             group.all_gather_shards(f.data(), p.master.numel(), sizeof(float));
         }
     }
