@@ -7,6 +7,7 @@
 #include "epo/tensor/arena.h"
 #include "epo/tensor/param.h"
 #include "epo/tensor/random.h"
+#include "tensor/mapping_test_util.h"
 
 namespace epo {
 namespace {
@@ -30,6 +31,25 @@ TEST(Tensor, ShapeAndViews) {
     c.data<float>()[0] = 42;
     EXPECT_EQ(p[0], 0.0f);
     EXPECT_EQ(t.dim(-1), 3);
+}
+
+// Weights, gradients and packed copies are streamed by GEMMs: blocks of 2 MiB and more start on a
+// 2 MiB boundary in a mapping that may use transparent huge pages; small ones are 64-byte aligned.
+TEST(Tensor, LargeStorageGetsHugePages) {
+    constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+    for (std::size_t bytes : {std::size_t{2} << 20, (std::size_t{6} << 20) + 100}) {
+        std::shared_ptr<void> s = allocate_storage(bytes);
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(s.get()) % kHuge, 0u) << bytes;
+        const int eligible = test::thp_eligible(s.get());
+        if (eligible >= 0) {
+            EXPECT_EQ(eligible, 1) << bytes;
+        }
+    }
+    Tensor big = Tensor::empty({1024, 1024}, DType::kF32);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.raw()) % kHuge, 0u);
+    std::shared_ptr<void> small = allocate_storage(100);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.get()) % 64, 0u);
+    EXPECT_NE(allocate_storage(0), nullptr);
 }
 
 TEST(Tensor, MisuseIsAnError) {

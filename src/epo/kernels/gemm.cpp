@@ -336,8 +336,8 @@ struct PackedMatrix::Impl {
     std::int64_t k = 0, n = 0;
     DType dtype = DType::kF32;
     std::size_t bytes = 0;
+    std::shared_ptr<void> storage;  // huge-page backed when large (allocate_storage)
     void* data = nullptr;
-    ~Impl() { std::free(data); }
 };
 
 PackedMatrix::PackedMatrix() = default;
@@ -345,6 +345,9 @@ PackedMatrix::PackedMatrix(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 PackedMatrix::~PackedMatrix() = default;
 PackedMatrix::PackedMatrix(PackedMatrix&&) noexcept = default;
 PackedMatrix& PackedMatrix::operator=(PackedMatrix&&) noexcept = default;
+const void* PackedMatrix::data() const {
+    return impl_ ? impl_->data : nullptr;
+}
 bool PackedMatrix::empty() const {
     return impl_ == nullptr;
 }
@@ -414,10 +417,10 @@ PackedMatrix pack_b(const Matrix& b, bool trans_b) {
     impl->n = n;
     impl->dtype = b.dtype;
     impl->bytes = impl->desc.get_size();
-    impl->data = std::aligned_alloc(4096, (impl->bytes + 4095) / 4096 * 4096);
-    if (impl->data == nullptr) {
-        throw std::bad_alloc();
-    }
+    // Packed weights are streamed by every product of every expert: 4 KiB pages would cost TLB
+    // misses across the experts' copies (tens of MB), so they get huge pages like tensors do.
+    impl->storage = allocate_storage(impl->bytes);
+    impl->data = impl->storage.get();
     std::memset(impl->data, 0, impl->bytes);
     PackedMatrix packed(std::move(impl));
     repack_b(packed, b, trans_b);

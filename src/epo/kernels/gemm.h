@@ -69,6 +69,7 @@ public:
     std::int64_t n() const;
     DType dtype() const;
     std::size_t nbytes() const;
+    const void* data() const;  // the blocked buffer (huge-page storage when 2 MiB or larger)
 
     // Implementation detail (oneDNN descriptor and buffer), made by pack_b().
     struct Impl;

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -98,25 +99,25 @@ std::shared_ptr<void> map_huge(std::size_t bytes) {
 
 }  // namespace
 
+std::shared_ptr<void> allocate_storage(std::size_t bytes) {
+    // Round up to the alignment so aligned_alloc's size rule holds; at least one line so that
+    // zero bytes still get a distinct, valid pointer.
+    bytes = std::max<std::size_t>((bytes + 63) / 64 * 64, 64);
+    if (bytes >= kHugePage) {
+        return map_huge(bytes);
+    }
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) {
+        throw std::bad_alloc();
+    }
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
     Tensor t;
     t.shape_ = shape;
     t.dtype_ = dtype;
-    // Round up to the alignment so aligned_alloc's size rule holds; at least one line so that a
-    // zero-element tensor still has a distinct, valid pointer.
-    std::size_t bytes = (t.nbytes() + 63) / 64 * 64;
-    if (bytes == 0) {
-        bytes = 64;
-    }
-    if (bytes >= kHugePage) {
-        t.owner_ = map_huge(bytes);
-    } else {
-        void* p = std::aligned_alloc(64, bytes);
-        if (p == nullptr) {
-            throw std::bad_alloc();
-        }
-        t.owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-    }
+    t.owner_ = allocate_storage(t.nbytes());
     t.data_ = t.owner_.get();
     return t;
 }

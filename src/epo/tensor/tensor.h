@@ -64,6 +64,11 @@ struct Shape {
     std::string str() const;  // "[4, 2048]"; "[]" for a scalar
 };
 
+// Owned, 64-byte aligned storage of `bytes` (at least one line), as Tensor::empty allocates it:
+// 2 MiB and larger blocks get their own mapping on 2 MiB boundaries with transparent huge pages
+// requested. Also for derived buffers that large kernels stream through (oneDNN-packed weights).
+std::shared_ptr<void> allocate_storage(std::size_t bytes);
+
 class Tensor {
 public:
     Tensor() = default;  // undefined: no storage, defined() is false
