@@ -8,10 +8,12 @@
 //     mode 2: row tiles, packed weights       (what the experts use; bounded primitives)
 //     mode 3: tiles of 512 + remainder pieces (alternative tile size), packed weights
 //   BM_WgradGemm/<shape>/<M>/<mode>  weight-gradient products, M = reduction length
-//     mode 0: exact M (A transposed, accumulate: what the experts run)
+//     mode 0: exact M, one call (A transposed, accumulate)
 //     mode 1: M split into 512-row chunks accumulated into C
 //     mode 2: exact M without accumulate (overwrite C)
 //     mode 3: exact M with A stored already transposed ([x, M], not a strided view)
+//     mode 4: moe::accumulate_weight_grad with fusion (what every weight gradient runs: mode 0
+//             issued in blocks of kWeightGradRowBlock gradient rows)
 //   BM_PrimitiveCreation/<shape>     cost of creating one primitive for a new row count
 //
 // Run: OMP_NUM_THREADS=1 build/release/bench/gemm_bench --benchmark_repetitions=3
@@ -20,6 +22,7 @@
 #include <algorithm>
 
 #include "epo/kernels/gemm.h"
+#include "epo/moe/weight_grad.h"
 #include "epo/tensor/random.h"
 
 namespace {
@@ -110,6 +113,11 @@ void BM_WgradGemm(benchmark::State& state) {
             gemm(as_matrix(a), as_matrix(b), as_matrix(c), {true, false, false, false});
             return;
         }
+        if (mode == 4) {
+            epo::moe::accumulate_weight_grad(as_matrix(a), as_matrix(b), as_matrix(c), true, false,
+                                             true, Tensor());
+            return;
+        }
         if (mode == 3) {
             gemm(as_matrix(at), as_matrix(b), as_matrix(c), {false, false, true, false});
             return;
@@ -164,7 +172,7 @@ void row_args(benchmark::internal::Benchmark* b) {
 void wgrad_args(benchmark::internal::Benchmark* b) {
     for (int shape = 0; shape < 2; ++shape) {
         for (int m : {512, 1024, 2048, 4096}) {
-            for (int mode = 0; mode < 4; ++mode) {
+            for (int mode = 0; mode < 5; ++mode) {
                 b->Args({shape, m, mode});
             }
         }
