@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "epo/bench/bench_report.h"
 #include "epo/schedule/critical_path.h"
 
 namespace epo::bench {
@@ -25,6 +26,35 @@ TEST(Summary, MedianMinMax) {
     EXPECT_EQ(odd.max, 3);
     EXPECT_EQ(summarize({4, 1, 2, 3}).median, 2.5);
     EXPECT_EQ(summarize({}).median, 0);
+}
+
+// The table warns when the calibrated comm/compute was missed by more than the tolerance
+// (this machine changed speed between calibration and runs), and only then.
+TEST(BenchTable, WarnsWhenTheAchievedRatioMissesTheCalibration) {
+    auto table_for = [](nlohmann::json calibration) {
+        return format_table(
+            {{"runs", nlohmann::json::array()},
+             {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
+             {"calibration", std::move(calibration)},
+             {"overlap_speedup", 1.45},
+             {"overlap_efficiency", 0.9},
+             {"loss_bitwise_identical", true}});
+    };
+    const std::string off = table_for({{"target_ratio", 1.0}, {"achieved_ratio", 1.41}});
+    EXPECT_NE(off.find("achieved 1.41"), std::string::npos) << off;
+    EXPECT_NE(
+        off.find("warning: the baseline's comm/compute came out at 1.41, not the calibrated 1"),
+        std::string::npos)
+        << off;
+    for (const double achieved : {0.8, 1.0, 1.2}) {
+        const std::string near = table_for({{"target_ratio", 1.0}, {"achieved_ratio", achieved}});
+        EXPECT_EQ(near.find("warning"), std::string::npos) << near;
+    }
+    EXPECT_NE(table_for({{"target_ratio", 2.0}, {"achieved_ratio", 1.4}}).find("warning"),
+              std::string::npos);
+    EXPECT_EQ(table_for(nullptr).find("warning"), std::string::npos);  // link model as configured
+    EXPECT_EQ(table_for({{"target_ratio", 1.0}, {"achieved_ratio", nullptr}}).find("warning"),
+              std::string::npos);
 }
 
 TEST(OverlapEfficiency, AgainstTheBound) {

@@ -1,6 +1,7 @@
 #include "epo/bench/bench_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <ostream>
@@ -197,6 +198,21 @@ std::string format_table(const nlohmann::json& m) {
             : fmt::format(" (calibrated to comm/compute {}, achieved {})",
                           m.at("calibration").at("target_ratio").get<double>(),
                           opt_fixed(m.at("calibration").at("achieved_ratio"), "{:.2f}")));
+    // The link is sized from the compute the calibration measured; when this machine's speed
+    // changed between the calibration and the runs, the runs measured another operating point.
+    if (const auto& cal = m.at("calibration");
+        !cal.is_null() && cal.at("achieved_ratio").is_number()) {
+        const double target = cal.at("target_ratio").get<double>();
+        const double achieved = cal.at("achieved_ratio").get<double>();
+        if (target > 0 && std::fabs(achieved / target - 1.0) > kAchievedRatioTolerance) {
+            out += fmt::format(
+                "warning: the baseline's comm/compute came out at {:.2f}, not the calibrated {}: "
+                "the machine's speed changed between the calibration and the runs, so these "
+                "speedups are for comm/compute {:.2f}; rerun on a quieter machine to measure at "
+                "{}\n",
+                achieved, target, achieved, target);
+        }
+    }
     out += fmt::format(
         "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
         "{}; loss trajectories bit-identical: {}\n",

@@ -34,6 +34,10 @@ namespace epo::bench {
 // the table to `out`.
 void write_bench_outputs(const BenchResult& result, std::ostream& out);
 
+// A calibrated run whose baseline's comm/compute misses the target by more than this fraction
+// gets a warning under the table.
+inline constexpr double kAchievedRatioTolerance = 0.25;
+
 // The comparison table of a metrics.json document, as printed.
 std::string format_table(const nlohmann::json& metrics);
 
