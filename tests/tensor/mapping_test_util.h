@@ -8,6 +8,16 @@
 
 namespace epo::test {
 
+// Whether this kernel hands out transparent huge pages to a mapping that asks for them (mode
+// "always" or "madvise"; not "never", and not when the setting cannot be read).
+inline bool thp_enabled() {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    std::getline(f, mode);
+    return mode.find("[always]") != std::string::npos ||
+           mode.find("[madvise]") != std::string::npos;
+}
+
 // 1 or 0 from the "THPeligible:" line of the mapping that contains `p`; -1 when the kernel does
 // not report it (or no mapping contains p).
 inline int thp_eligible(const void* p) {
