@@ -10,11 +10,7 @@
 namespace epo::moe {
 namespace {
 
-using kernels::Matrix;
-
-Matrix view(const Tensor& t) {
-    return Matrix{t.raw(), t.dtype(), t.dim(0), t.dim(1), t.dim(1)};
-}
+using kernels::as_matrix;
 
 // main_grad += op(A) op(B) for gradient row counts below, at and across the row block (the
 // remainder block included), with A stored transposed (the layer's dy^T / dh^T) or not, fused
@@ -35,10 +31,11 @@ TEST(WeightGrad, AccumulatesEveryRowBlockIntoMainGrad) {
                 fill_normal(b, 2, 0.0f, 1.0f);
                 fill_normal(grad, 3, 0.0f, 1.0f);
                 Tensor want = grad.clone();
-                kernels::gemm_reference(view(a), view(b), view(want), {trans_a, false, true});
+                kernels::gemm_reference(as_matrix(a), as_matrix(b), as_matrix(want),
+                                        {trans_a, false, true});
                 Tensor workspace = fusion ? Tensor() : Tensor::empty({m * n}, DType::kF32);
-                accumulate_weight_grad(view(a), view(b), view(grad), trans_a, false, fusion,
-                                       workspace);
+                accumulate_weight_grad(as_matrix(a), as_matrix(b), as_matrix(grad), trans_a, false,
+                                       fusion, workspace);
                 const float* got = grad.data<float>();
                 const float* ref = want.data<float>();
                 for (std::int64_t i = 0; i < m * n; ++i) {

@@ -337,7 +337,6 @@ struct PackedMatrix::Impl {
     DType dtype = DType::kF32;
     std::size_t bytes = 0;
     std::shared_ptr<void> storage;  // huge-page backed when large (allocate_storage)
-    void* data = nullptr;
 };
 
 PackedMatrix::PackedMatrix() = default;
@@ -346,7 +345,7 @@ PackedMatrix::~PackedMatrix() = default;
 PackedMatrix::PackedMatrix(PackedMatrix&&) noexcept = default;
 PackedMatrix& PackedMatrix::operator=(PackedMatrix&&) noexcept = default;
 const void* PackedMatrix::data() const {
-    return impl_ ? impl_->data : nullptr;
+    return impl_ ? impl_->storage.get() : nullptr;
 }
 bool PackedMatrix::empty() const {
     return impl_ == nullptr;
@@ -420,8 +419,7 @@ PackedMatrix pack_b(const Matrix& b, bool trans_b) {
     // Packed weights are streamed by every product of every expert: 4 KiB pages would cost TLB
     // misses across the experts' copies (tens of MB), so they get huge pages like tensors do.
     impl->storage = allocate_storage(impl->bytes);
-    impl->data = impl->storage.get();
-    std::memset(impl->data, 0, impl->bytes);
+    std::memset(impl->storage.get(), 0, impl->bytes);
     PackedMatrix packed(std::move(impl));
     repack_b(packed, b, trans_b);
     return packed;
@@ -439,7 +437,7 @@ void repack_b(PackedMatrix& packed, const Matrix& b, bool trans_b) {
                                   : memory::desc({k, n}, t, memory::dims{b.ld, 1});
     dnnl::engine& eng = cpu_engine();
     memory src(src_md, eng, b.data);
-    memory dst(p.desc, eng, p.data);
+    memory dst(p.desc, eng, p.storage.get());
     dnnl::reorder(src, dst).execute(thread_stream(), src, dst);
 }
 
@@ -473,7 +471,7 @@ void gemm(const Matrix& a, const PackedMatrix& b, const Matrix& c, const GemmOpt
     for_each_row_piece(d.m, opts.row_tiles, [&](std::int64_t m0, std::int64_t rows) {
         Key key = make_key(a, c, Dims{rows, d.k, d.n}, 0, format, opts);
         auto prim = cache().get(key);
-        execute(*prim, a_rows(a, opts.trans_a, m0), b.impl()->data, c_rows(c, m0));
+        execute(*prim, a_rows(a, opts.trans_a, m0), b.impl()->storage.get(), c_rows(c, m0));
     });
 }
 

@@ -1,6 +1,7 @@
 // Weight-gradient products and how they reach the fp32 main_grad:
-//   gradient_accumulation_fusion = true:  main_grad += op(A) op(B) in one GEMM (oneDNN adds the
-//                                         product to main_grad after the full reduction)
+//   gradient_accumulation_fusion = true:  main_grad += op(A) op(B), one accumulating GEMM per
+//                                         block of gradient rows (oneDNN adds each product to
+//                                         main_grad after the full reduction)
 //   gradient_accumulation_fusion = false: tmp = op(A) op(B); main_grad += tmp (f32 adds)
 // Both are deterministic; they round differently from each other (one vs two roundings per
 // element), so a run uses one mode throughout.
