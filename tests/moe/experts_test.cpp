@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "epo/kernels/activation.h"
 #include "moe/moe_test_util.h"
 
 namespace epo::moe {
@@ -206,6 +207,70 @@ TEST(Experts, DgradThenWgradEqualsFusedBackward) {
                 << "fusion " << fusion << " " << dtype_name(dt);
             EXPECT_TRUE(testing::same_bits(a.w.fc2.main_grad, b.w.fc2.main_grad));
         }
+    }
+}
+
+// The FFN runs tile by tile (fc1, activation, fc2 per row tile, so the tile stays in cache). With
+// segments of several tiles plus remainders, every output and gradient must have the bits of the
+// plain sequence of whole-segment products: fc1 over all rows, the activation, then fc2.
+TEST(Experts, TileByTileEqualsWholeSegmentProducts) {
+    using kernels::as_matrix;
+    using kernels::sub_rows;
+    for (bool packed : {true, false}) {
+        ExpertsSetup s;
+        s.h = 32;
+        s.f = 24;
+        s.dt = DType::kBF16;
+        s.counts = {300, 0, 2 * kernels::kGemmRowTile + 17, 16};
+        Experts e = make_experts(s, 11);
+        e.w.use_packed = packed;
+        const std::int64_t rp = e.seg.total_rows();
+        Tensor y = Tensor::empty({rp, s.h}, s.dt), dx = Tensor::empty({rp, s.h}, s.dt);
+        Tensor dprobs = Tensor::empty({rp}, DType::kF32);
+        ExpertsContext ctx;
+        Arena arena;
+        experts_forward(e.w, e.seg, e.x, e.probs, y, ctx, arena);
+        experts_backward(e.w, true, e.g, dx, dprobs, ctx, arena);
+
+        Tensor want_h = Tensor::zeros({rp, 2 * s.f}, s.dt), want_a = Tensor::zeros({rp, s.f}, s.dt);
+        Tensor want_y = Tensor::zeros({rp, s.h}, s.dt), want_dx = Tensor::zeros({rp, s.h}, s.dt);
+        Tensor want_dp = Tensor::zeros({rp}, DType::kF32);
+        Tensor da = Tensor::zeros({rp, s.f}, s.dt), dh = Tensor::zeros({rp, 2 * s.f}, s.dt);
+        const kernels::GemmOptions tiles{false, false, false, true};
+        for (std::int64_t ex = 0; ex < e.seg.num_experts(); ++ex) {
+            const std::int64_t off = e.seg.offsets[ex], n = e.seg.counts[ex];
+            if (n == 0) {
+                continue;
+            }
+            const kernels::Matrix w1 =
+                sub_rows(as_matrix(e.w.fc1.compute, 4 * 2 * s.f, s.h), ex * 2 * s.f, 2 * s.f);
+            const kernels::Matrix w2 =
+                sub_rows(as_matrix(e.w.fc2.compute, 4 * s.h, s.f), ex * s.h, s.h);
+            auto product = [&](const kernels::Matrix& a, const kernels::Matrix& w, bool trans,
+                               const kernels::Matrix& c) {
+                if (packed) {
+                    kernels::gemm(a, kernels::pack_b(w, trans), c, tiles);
+                } else {
+                    kernels::gemm(a, w, c, {false, trans, false, true});
+                }
+            };
+            auto rows = [&](const Tensor& t) { return sub_rows(as_matrix(t), off, n); };
+            product(rows(e.x), w1, true, rows(want_h));
+            kernels::swiglu_forward(rows(want_h), e.probs.data<float>() + off, rows(want_a));
+            product(rows(want_a), w2, true, rows(want_y));
+            product(rows(e.g), w2, false, rows(da));
+            kernels::swiglu_backward(rows(want_h), e.probs.data<float>() + off, rows(da), rows(dh),
+                                     want_dp.data<float>() + off);
+            product(rows(dh), w1, false, rows(want_dx));
+        }
+        SCOPED_TRACE(packed ? "packed weights" : "plain weights");
+        zero_segment_padding(e.seg, ctx.h);  // h is defined on the real rows only
+        EXPECT_TRUE(testing::same_bits(ctx.h, want_h));
+        EXPECT_TRUE(testing::same_bits(ctx.a, want_a));
+        EXPECT_TRUE(testing::same_bits(y, want_y));
+        EXPECT_TRUE(testing::same_bits(ctx.dh, dh));
+        EXPECT_TRUE(testing::same_bits(dx, want_dx));
+        EXPECT_TRUE(testing::same_bits(dprobs, want_dp));
     }
 }
 

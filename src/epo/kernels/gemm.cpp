@@ -298,19 +298,7 @@ void for_each_row_piece(std::int64_t m, bool row_tiles, RunRows run) {
         run(0, m);
         return;
     }
-    std::int64_t m0 = 0;
-    for (; m - m0 >= kGemmRowTile; m0 += kGemmRowTile) {
-        run(m0, kGemmRowTile);
-    }
-    for (std::int64_t piece = kGemmRowTile / 2; piece >= 16; piece /= 2) {
-        if (m - m0 >= piece) {
-            run(m0, piece);
-            m0 += piece;
-        }
-    }
-    if (m0 < m) {
-        run(m0, m - m0);
-    }
+    for_each_row_tile(m, run);
 }
 
 Key make_key(const Matrix& a, const Matrix& c, Dims d, std::int64_t ldb, int b_format,

@@ -49,6 +49,27 @@ Matrix sub_cols(const Matrix& m, std::int64_t begin, std::int64_t count);
 
 inline constexpr std::int64_t kGemmRowTile = 256;
 
+// The row pieces a row_tiles product of M rows is computed in, in order: fn(m0, rows) for each.
+// A product over one piece with row_tiles set is that piece alone, so a caller can run several
+// products tile by tile (e.g. an FFN with its activation between them, the tile still in cache)
+// and get exactly the calls, and the bits, of the whole-M products.
+template <typename Fn>
+void for_each_row_tile(std::int64_t m, Fn&& fn) {
+    std::int64_t m0 = 0;
+    for (; m - m0 >= kGemmRowTile; m0 += kGemmRowTile) {
+        fn(m0, kGemmRowTile);
+    }
+    for (std::int64_t piece = kGemmRowTile / 2; piece >= 16; piece /= 2) {
+        if (m - m0 >= piece) {
+            fn(m0, piece);
+            m0 += piece;
+        }
+    }
+    if (m0 < m) {
+        fn(m0, m - m0);
+    }
+}
+
 struct GemmOptions {
     bool trans_a = false;     // A is stored as op(A)^T: [K, M]
     bool trans_b = false;     // B is stored as op(B)^T: [N, K]

@@ -104,34 +104,50 @@ struct Rows {
     std::int64_t off, n, np;
 };
 
+// The FFN runs tile by tile (the row tiles its products are computed in anyway), so a tile's h
+// and a are still in cache for the activation and the second product; the calls, and so the
+// bits, are those of whole-segment products.
 void ffn_forward(const Ffn& f, Rows r, const ExpertsContext& ctx, const float* probs,
                  const Tensor& y) {
     const Matrix x = sub_rows(as_matrix(ctx.x), r.off, r.n);
     const Matrix h = sub_rows(as_matrix(ctx.h), r.off, r.n);
     const Matrix a = sub_rows(as_matrix(ctx.a), r.off, r.np);
-    weight_gemm(x, f.w1, true, f.fc1_fwd, h);  // h = x W1^T
-    kernels::swiglu_forward(h, probs ? probs + r.off : nullptr, sub_rows(a, 0, r.n));
-    zero_rows(a, r.n, r.np);  // the wgrad reduction runs over the padded rows
-    weight_gemm(sub_rows(a, 0, r.n), f.w2, true, f.fc2_fwd, sub_rows(as_matrix(y), r.off, r.n));
-    zero_rows(sub_rows(as_matrix(y), r.off, r.np), r.n, r.np);  // outputs are fully defined
+    const Matrix ym = sub_rows(as_matrix(y), r.off, r.np);
+    const float* p = probs ? probs + r.off : nullptr;
+    kernels::for_each_row_tile(r.n, [&](std::int64_t m0, std::int64_t n) {
+        const Matrix ht = sub_rows(h, m0, n), at = sub_rows(a, m0, n);
+        weight_gemm(sub_rows(x, m0, n), f.w1, true, f.fc1_fwd, ht);  // h = x W1^T
+        kernels::swiglu_forward(ht, p ? p + m0 : nullptr, at);
+        weight_gemm(at, f.w2, true, f.fc2_fwd, sub_rows(ym, m0, n));  // y = a W2^T
+    });
+    zero_rows(a, r.n, r.np);   // the wgrad reduction runs over the padded rows
+    zero_rows(ym, r.n, r.np);  // outputs are fully defined
 }
 
+// da_tile: scratch for one row tile of da = dy W2 ([kGemmRowTile or fewer rows, F]).
 void ffn_dgrad(const Ffn& f, Rows r, const ExpertsContext& ctx, const float* probs,
-               const Tensor& da_buf, const Tensor& dx, float* dprobs, bool dx_accumulate) {
+               const Tensor& da_tile, const Tensor& dx, float* dprobs, bool dx_accumulate) {
     const Matrix dy = sub_rows(as_matrix(ctx.dy), r.off, r.n);
-    const Matrix da = sub_rows(as_matrix(da_buf), r.off, r.n);
+    const Matrix h = sub_rows(as_matrix(ctx.h), r.off, r.n);
     const Matrix dh = sub_rows(as_matrix(ctx.dh), r.off, r.np);
-    weight_gemm(dy, f.w2, false, f.fc2_dgrad, da);  // da = dy W2
-    kernels::swiglu_backward(sub_rows(as_matrix(ctx.h), r.off, r.n),
-                             probs ? probs + r.off : nullptr, da, sub_rows(dh, 0, r.n),
-                             dprobs ? dprobs + r.off : nullptr);
-    zero_rows(dh, r.n, r.np);
     const Matrix dxm = sub_rows(as_matrix(dx), r.off, r.np);
-    if (dx_accumulate) {  // shared expert: dx_acc += dh W1
-        kernels::gemm(sub_rows(dh, 0, r.n), f.w1, dxm, GemmOptions{false, false, true, false});
+    const float* p = probs ? probs + r.off : nullptr;
+    float* dp = dprobs ? dprobs + r.off : nullptr;
+    kernels::for_each_row_tile(r.n, [&](std::int64_t m0, std::int64_t n) {
+        const Matrix da = sub_rows(as_matrix(da_tile), 0, n), dht = sub_rows(dh, m0, n);
+        weight_gemm(sub_rows(dy, m0, n), f.w2, false, f.fc2_dgrad, da);  // da = dy W2
+        kernels::swiglu_backward(sub_rows(h, m0, n), p ? p + m0 : nullptr, da, dht,
+                                 dp ? dp + m0 : nullptr);
+        if (!dx_accumulate) {
+            weight_gemm(dht, f.w1, false, f.fc1_dgrad, sub_rows(dxm, m0, n));  // dx = dh W1
+        }
+    });
+    zero_rows(dh, r.n, r.np);
+    if (dx_accumulate) {  // shared expert: dx_acc += dh W1, one product over all rows
+        kernels::gemm(sub_rows(dh, 0, r.n), f.w1, sub_rows(dxm, 0, r.n),
+                      GemmOptions{false, false, true, false});
         return;
     }
-    weight_gemm(sub_rows(dh, 0, r.n), f.w1, false, f.fc1_dgrad, sub_rows(dxm, 0, r.n));  // dh W1
     zero_rows(dxm, r.n, r.np);
     if (dprobs) {
         std::fill(dprobs + r.off + r.n, dprobs + r.off + r.np, 0.0f);
@@ -171,6 +187,12 @@ void start_backward(ExpertsContext& ctx, const Tensor& dy, Arena& arena) {
     check_tensor(dy, ctx.x.shape(), ctx.x.dtype(), "experts dy");
     ctx.dy = dy;
     ctx.dh = arena.alloc(ctx.h.shape(), ctx.h.dtype());
+}
+
+// Scratch for one row tile of da (ffn_dgrad).
+Tensor da_tile(const ExpertsContext& ctx, Arena& arena) {
+    return arena.alloc({std::min(kernels::kGemmRowTile, ctx.a.dim(0)), ctx.a.dim(1)},
+                       ctx.a.dtype());
 }
 
 }  // namespace
@@ -220,7 +242,7 @@ void experts_backward_dgrad(const ExpertWeights& w, const Tensor& dy, const Tens
     check_tensor(dprobs, {ctx.x.dim(0)}, DType::kF32, "experts dprobs");
     ensure_packed(w);
     start_backward(ctx, dy, arena);
-    Tensor da = arena.alloc(ctx.a.shape(), ctx.a.dtype());
+    const Tensor da = da_tile(ctx, arena);
     for (std::int64_t e = 0; e < e_count; ++e) {
         ffn_dgrad(expert_ffn(w, e), expert_rows(ctx.segments, e), ctx, ctx.probs.data<float>(), da,
                   dx, dprobs.data<float>(), false);
@@ -244,7 +266,7 @@ void experts_backward(ExpertWeights& w, bool fusion, const Tensor& dy, const Ten
     check_tensor(dprobs, {ctx.x.dim(0)}, DType::kF32, "experts dprobs");
     ensure_packed(w);
     start_backward(ctx, dy, arena);
-    Tensor da = arena.alloc(ctx.a.shape(), ctx.a.dtype());
+    const Tensor da = da_tile(ctx, arena);
     Tensor workspace = wgrad_workspace(per_expert_elements(w), fusion, arena);
     for (std::int64_t e = 0; e < e_count; ++e) {
         const Ffn f = expert_ffn(w, e);
@@ -274,7 +296,7 @@ void shared_expert_backward_dgrad(const SharedExpertWeights& w, const Tensor& dy
                                   const Tensor& dx_acc, ExpertsContext& ctx, Arena& arena) {
     check_tensor(dx_acc, ctx.x.shape(), DType::kF32, "shared expert dx accumulator");
     start_backward(ctx, dy, arena);
-    Tensor da = arena.alloc(ctx.a.shape(), ctx.a.dtype());
+    const Tensor da = da_tile(ctx, arena);
     const std::int64_t t_count = ctx.x.dim(0);
     ffn_dgrad(shared_ffn(w), Rows{0, t_count, t_count}, ctx, nullptr, da, dx_acc, nullptr, true);
     ctx.dgrad_done = true;
