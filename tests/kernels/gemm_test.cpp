@@ -129,6 +129,35 @@ TEST(Gemm, RowTilesBoundThePrimitivesCreated) {
     EXPECT_LE(gemm_cache_stats().creations - before, 20);
 }
 
+// for_each_row_tile is the decomposition row_tiles products use: its pieces cover [0, M) in
+// order, and a product run piece by piece gives the bits of the whole row-tiled product (the
+// experts rely on this to run fc1, the activation and fc2 one tile at a time).
+TEST(Gemm, RowTilePiecesCoverTheRowsAndGiveTheWholeProductsBits) {
+    Tensor w = make_operand(40, 48, DType::kBF16, 8);
+    PackedMatrix p = pack_b(view(w, 40, 48), true);
+    const GemmOptions tiles{false, false, false, true};
+    for (std::int64_t m : {std::int64_t{1}, std::int64_t{15}, std::int64_t{16}, std::int64_t{31},
+                           std::int64_t{256}, std::int64_t{257}, 2 * kGemmRowTile + 100}) {
+        SCOPED_TRACE(m);
+        std::int64_t next = 0;
+        for_each_row_tile(m, [&](std::int64_t m0, std::int64_t rows) {
+            EXPECT_EQ(m0, next);
+            EXPECT_GT(rows, 0);
+            EXPECT_LE(rows, kGemmRowTile);
+            next = m0 + rows;
+        });
+        EXPECT_EQ(next, m);
+        Tensor a = make_operand(m, 48, DType::kBF16, 9);
+        Tensor whole = Tensor::zeros({m, 40}, DType::kF32), pieces = whole.clone();
+        gemm(view(a, m, 48), p, as_matrix(whole), tiles);
+        for_each_row_tile(m, [&](std::int64_t m0, std::int64_t rows) {
+            gemm(sub_rows(view(a, m, 48), m0, rows), p, sub_rows(as_matrix(pieces), m0, rows),
+                 tiles);
+        });
+        EXPECT_EQ(std::memcmp(whole.raw(), pieces.raw(), whole.nbytes()), 0);
+    }
+}
+
 TEST(Gemm, DeterministicRunToRun) {
     Tensor a = make_operand(300, 200, DType::kBF16, 4);
     Tensor b = make_operand(150, 200, DType::kBF16, 5);
