@@ -237,15 +237,16 @@ TEST(Experts, TileByTileEqualsWholeSegmentProducts) {
         Tensor want_dp = Tensor::zeros({rp}, DType::kF32);
         Tensor da = Tensor::zeros({rp, s.f}, s.dt), dh = Tensor::zeros({rp, 2 * s.f}, s.dt);
         const kernels::GemmOptions tiles{false, false, false, true};
-        for (std::int64_t ex = 0; ex < e.seg.num_experts(); ++ex) {
+        const std::int64_t experts = e.seg.num_experts();
+        for (std::int64_t ex = 0; ex < experts; ++ex) {
             const std::int64_t off = e.seg.offsets[ex], n = e.seg.counts[ex];
             if (n == 0) {
                 continue;
             }
             const kernels::Matrix w1 =
-                sub_rows(as_matrix(e.w.fc1.compute, 4 * 2 * s.f, s.h), ex * 2 * s.f, 2 * s.f);
+                sub_rows(as_matrix(e.w.fc1.compute, experts * 2 * s.f, s.h), ex * 2 * s.f, 2 * s.f);
             const kernels::Matrix w2 =
-                sub_rows(as_matrix(e.w.fc2.compute, 4 * s.h, s.f), ex * s.h, s.h);
+                sub_rows(as_matrix(e.w.fc2.compute, experts * s.h, s.f), ex * s.h, s.h);
             auto product = [&](const kernels::Matrix& a, const kernels::Matrix& w, bool trans,
                                const kernels::Matrix& c) {
                 if (packed) {
