@@ -14,7 +14,9 @@
 //   Counters: GFLOP/s (model FLOPs: 18 * rows * H * F per expert pass, = 3 * T * K * 6 * H * F
 //   for the layer, router not counted), minor page faults and new oneDNN primitives per
 //   iteration (after the warm-up iterations), and for the layer the share of its time spent in
-//   router + dispatch + permutation + unpermutation.
+//   router + dispatch + permutation + unpermutation, the time per phase (ms_*), and the time
+//   inside oneDNN's products with their rate (ms_gemm, gemm_GFLOPs: every GEMM of the step).
+//   BM_SwiGlu/<0|1>  the activation forward / backward alone, as a 4096-token step runs it.
 //
 // Run: OMP_NUM_THREADS=1 scripts/guarded.sh build/release/bench/moe_bench
 // The layer against PyTorch on the same shapes: scripts/bench_moe_vs_pytorch.sh
@@ -26,6 +28,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
+#include "epo/kernels/activation.h"
 #include "epo/kernels/gemm.h"
 #include "epo/moe/moe_layer.h"
 #include "epo/tensor/random.h"
@@ -235,6 +238,7 @@ void BM_MoeLayer(benchmark::State& state) {
         step();
     }
     SteadyState steady;
+    const epo::kernels::GemmCacheStats gemm0 = epo::kernels::gemm_cache_stats();
     double routing = 0, total = 0;
     moe::MoePhaseTimes sum;
     for (auto _ : state) {
@@ -252,18 +256,54 @@ void BM_MoeLayer(benchmark::State& state) {
         sum.combine_fwd += t.combine_fwd + t.combine_bwd;
         sum.experts_fwd += t.experts_fwd;
         sum.experts_dgrad += t.experts_dgrad;
+        sum.experts_wgrad += t.experts_wgrad;
     }
     steady.report(state);
+    const epo::kernels::GemmCacheStats gemm1 = epo::kernels::gemm_cache_stats();
     state.counters["routing_share"] = routing / total;
     const double ms = 1e3 / static_cast<double>(state.iterations());
+    // Time inside oneDNN's products and their rate (router GEMMs included, as FLOPs and time).
+    state.counters["ms_gemm"] = (gemm1.exec_seconds - gemm0.exec_seconds) * ms;
+    state.counters["gemm_GFLOPs"] =
+        (gemm1.flops - gemm0.flops) / (gemm1.exec_seconds - gemm0.exec_seconds) * 1e-9;
     state.counters["ms_router"] = sum.router_fwd * ms;
     state.counters["ms_permute"] = sum.dispatch_fwd * ms;
     state.counters["ms_combine"] = sum.combine_fwd * ms;
     state.counters["ms_experts_fwd"] = sum.experts_fwd * ms;
-    state.counters["ms_experts_bwd"] = sum.experts_dgrad * ms;
+    state.counters["ms_experts_dgrad"] = sum.experts_dgrad * ms;
+    state.counters["ms_experts_wgrad"] = sum.experts_wgrad * ms;
     state.counters["GFLOP/s"] =
         benchmark::Counter(18.0 * static_cast<double>(tokens) * cfg.topk * kHidden * kFfn * 1e-9,
                            benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The activation alone as a 4096-token step runs it (8192 routed rows, F = 768, bf16): 32 row
+// tiles of 256, each in cache as it is after its GEMM (here: the same tile, so the time is the
+// kernel's, not the memory's): forward (arg 0) and backward (arg 1).
+void BM_SwiGlu(benchmark::State& state) {
+    const std::int64_t tile = epo::kernels::kGemmRowTile, rows = tile, steps = 8192 / tile;
+    const bool backward = state.range(0) != 0;
+    Tensor h = random_bf16({rows, 2 * kFfn}, 1), a = random_bf16({rows, kFfn}, 2);
+    Tensor dh = random_bf16({rows, 2 * kFfn}, 3);
+    Tensor probs = Tensor::empty({rows}, DType::kF32), dprobs = Tensor::empty({rows}, DType::kF32);
+    epo::fill_uniform(probs, 4, 0.0f, 1.0f);
+    namespace k = epo::kernels;
+    auto run = [&] {
+        for (std::int64_t i = 0; i < steps; ++i) {
+            if (backward) {
+                k::swiglu_backward(k::as_matrix(h), probs.data<float>(), k::as_matrix(a),
+                                   k::as_matrix(dh), dprobs.data<float>());
+            } else {
+                k::swiglu_forward(k::as_matrix(h), probs.data<float>(), k::as_matrix(a));
+            }
+        }
+    };
+    run();
+    for (auto _ : state) {
+        run();
+    }
+    state.counters["Melem/s"] = benchmark::Counter(static_cast<double>(steps * rows * kFfn) * 1e-6,
+                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Iterations per size: a few seconds each (three implementations per iteration).
@@ -271,6 +311,7 @@ BENCHMARK(BM_ExpertFfn)->Arg(512)->Iterations(12)->UseManualTime()->Unit(benchma
 BENCHMARK(BM_ExpertFfn)->Arg(1024)->Iterations(8)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ExpertFfn)->Arg(2048)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ExpertFfn)->Arg(4096)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SwiGlu)->DenseRange(0, 1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MoeLayer)
     ->Args({2048, 0})
     ->Args({4096, 0})

@@ -115,6 +115,8 @@ struct GemmCacheStats {
     std::int64_t creations = 0;  // primitives created (cache misses)
     std::int64_t entries = 0;    // primitives held now
     double create_seconds = 0;   // total time spent creating primitives
+    double exec_seconds = 0;     // total time inside oneDNN executions (all threads)
+    double flops = 0;            // 2 * M * N * K summed over those executions
 };
 GemmCacheStats gemm_cache_stats();
 void gemm_cache_clear();

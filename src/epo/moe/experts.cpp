@@ -261,20 +261,8 @@ void experts_backward_wgrad(ExpertWeights& w, bool fusion, ExpertsContext& ctx, 
 
 void experts_backward(ExpertWeights& w, bool fusion, const Tensor& dy, const Tensor& dx,
                       const Tensor& dprobs, ExpertsContext& ctx, Arena& arena) {
-    const std::int64_t e_count = w.fc1.shape()[0];
-    check_tensor(dx, ctx.x.shape(), ctx.x.dtype(), "experts dx");
-    check_tensor(dprobs, {ctx.x.dim(0)}, DType::kF32, "experts dprobs");
-    ensure_packed(w);
-    start_backward(ctx, dy, arena);
-    const Tensor da = da_tile(ctx, arena);
-    Tensor workspace = wgrad_workspace(per_expert_elements(w), fusion, arena);
-    for (std::int64_t e = 0; e < e_count; ++e) {
-        const Ffn f = expert_ffn(w, e);
-        const Rows r = expert_rows(ctx.segments, e);
-        ffn_dgrad(f, r, ctx, ctx.probs.data<float>(), da, dx, dprobs.data<float>(), false);
-        ffn_wgrad(f, r, ctx, fusion, workspace);
-    }
-    ctx.dgrad_done = true;
+    experts_backward_dgrad(w, dy, dx, dprobs, ctx, arena);
+    experts_backward_wgrad(w, fusion, ctx, arena);
 }
 
 void shared_expert_forward(const SharedExpertWeights& w, const Tensor& x, const Tensor& y,

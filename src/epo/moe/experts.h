@@ -76,7 +76,7 @@ void experts_forward(const ExpertWeights& w, const ExpertSegments& segments, con
 void experts_backward_dgrad(const ExpertWeights& w, const Tensor& dy, const Tensor& dx,
                             const Tensor& dprobs, ExpertsContext& ctx, Arena& arena);
 void experts_backward_wgrad(ExpertWeights& w, bool fusion, ExpertsContext& ctx, Arena& arena);
-// dgrad and wgrad interleaved per expert; the same results as the two calls.
+// experts_backward_dgrad, then experts_backward_wgrad.
 void experts_backward(ExpertWeights& w, bool fusion, const Tensor& dy, const Tensor& dx,
                       const Tensor& dprobs, ExpertsContext& ctx, Arena& arena);
 

@@ -39,8 +39,7 @@ void init_moe_layer_params(MoeLayerParams& params, std::uint64_t seed, float ini
 std::vector<Param*> moe_layer_param_list(MoeLayerParams& params);
 
 // Seconds each phase took in the last forward / backward of a context (steady_clock; for
-// benchmarks and traces). The fused backward counts the interleaved expert dgrad + wgrad under
-// experts_dgrad.
+// benchmarks and traces).
 struct MoePhaseTimes {
     double shared_fwd = 0, router_fwd = 0, dispatch_fwd = 0, experts_fwd = 0, combine_fwd = 0;
     double combine_bwd = 0, experts_dgrad = 0, permute_bwd = 0, router_dgrad = 0, shared_dgrad = 0;
@@ -93,7 +92,7 @@ MoeLosses moe_forward(const MoeConfig& cfg, const MoeLayerParams& params, const 
 void moe_backward_dgrad(const MoeConfig& cfg, const MoeLayerParams& params, const Tensor& dy,
                         float loss_grad_scale, MoeContext& ctx, const Tensor& dx);
 void moe_backward_wgrad(const MoeConfig& cfg, MoeLayerParams& params, MoeContext& ctx);
-// dgrad and wgrad together (expert wgrad interleaved per expert); same bits as the two calls.
+// moe_backward_dgrad, then moe_backward_wgrad.
 void moe_backward(const MoeConfig& cfg, MoeLayerParams& params, const Tensor& dy,
                   float loss_grad_scale, MoeContext& ctx, const Tensor& dx);
 
