@@ -12,8 +12,9 @@
 //
 // h and dh are [rows, 2F] (gate columns first), a and da are [rows, F]; all of one dtype, f32 or
 // bf16 (computed in f32, stored rounded to nearest even). exp() is our own polynomial (relative
-// error < 2e-7 after range reduction), evaluated with the same operation sequence (no fused
-// multiply-add) in the AVX-512 and the scalar version, so both give identical bits.
+// error < 2e-7 after range reduction), evaluated with the same operation sequence in the AVX-512
+// and the scalar version (fused multiply-adds exactly where the polynomial has them, std::fma in
+// the scalar one; no other fusing), so both give identical bits.
 #pragma once
 
 #include "epo/kernels/gemm.h"
