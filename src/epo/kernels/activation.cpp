@@ -213,7 +213,7 @@ EPO_AVX512 float row_max_avx512(const float* x, std::int64_t n) {
     __m512 m = _mm512_set1_ps(x[0]);
     for (std::int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = simd::tail_mask(n - j);
-        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + j));
+        m = _mm512_mask_max_ps(m, k, m, simd::load16(x + j, k));
     }
     return _mm512_reduce_max_ps(m);
 }
@@ -233,9 +233,8 @@ EPO_AVX512 float exp_shifted_sum_avx512(const float* x, float scale, float shift
     __m512 acc = _mm512_setzero_ps();
     for (std::int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = simd::tail_mask(n - j);
-        const __m512 e =
-            exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), sc), sh));
-        _mm512_mask_storeu_ps(out + j, k, e);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_mul_ps(simd::load16(x + j, k), sc), sh));
+        simd::store16(out + j, e, k);
         acc = _mm512_mask_add_ps(acc, k, acc, e);
     }
     alignas(64) float lane[16];
@@ -255,9 +254,8 @@ EPO_AVX512 float dot16_avx512(const float* a, const float* b, std::int64_t n) {
     __m512 acc = _mm512_setzero_ps();
     for (std::int64_t j = 0; j < n; j += 16) {
         const __mmask16 k = simd::tail_mask(n - j);
-        acc = _mm512_mask_add_ps(
-            acc, k, acc,
-            _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a + j), _mm512_maskz_loadu_ps(k, b + j)));
+        acc = _mm512_mask_add_ps(acc, k, acc,
+                                 _mm512_mul_ps(simd::load16(a + j, k), simd::load16(b + j, k)));
     }
     alignas(64) float lane[16];
     _mm512_store_ps(lane, acc);

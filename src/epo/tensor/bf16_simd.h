@@ -23,17 +23,29 @@ EPO_AVX512 inline __m256i round_to_bf16(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
+// Loads and stores of 16 lanes under a mask, for loops whose last vector is partial. A full mask
+// takes the plain instruction: masked loads and stores of memory run several times slower on AMD
+// Zen (the SwiGLU backward over 8192 rows: 11.3 ms with masked accesses throughout, 5.7 ms so).
 EPO_AVX512 inline __m512 load16(const float* p, __mmask16 m) {
-    return _mm512_maskz_loadu_ps(m, p);
+    return m == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
 }
 EPO_AVX512 inline __m512 load16(const BF16* p, __mmask16 m) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    const __m256i h = m == 0xffff ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                  : _mm256_maskz_loadu_epi16(m, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 EPO_AVX512 inline void store16(float* p, __m512 v, __mmask16 m) {
+    if (m == 0xffff) {
+        _mm512_storeu_ps(p, v);
+        return;
+    }
     _mm512_mask_storeu_ps(p, m, v);
 }
 EPO_AVX512 inline void store16(BF16* p, __m512 v, __mmask16 m) {
+    if (m == 0xffff) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round_to_bf16(v));
+        return;
+    }
     _mm256_mask_storeu_epi16(p, m, round_to_bf16(v));
 }
 
