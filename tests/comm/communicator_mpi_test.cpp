@@ -368,8 +368,9 @@ TEST(LinkModel, HoldsUntilTheLastEntryPlusTheModel) {
     const double model = 100e-6 + (n - 1) * per_peer / 1e9;
     EXPECT_DOUBLE_EQ(s.modelled_s, model);
     EXPECT_GE(end - last_entry, static_cast<int64_t>(model * 1e9));
-    // What this rank saw of the wait for the last one (its own entry is taken inside the call).
-    EXPECT_GE(s.arrival_wait_s, (last_entry - entry) * 1e-9 - 1e-3);
+    // What this rank saw of the wait for the last one (its own entry is taken inside the call, so
+    // a rank descheduled between the two clock reads sees less: 3 ranks share 2 cores in CI).
+    EXPECT_GE(s.arrival_wait_s, (last_entry - entry) * 1e-9 - 10e-3);
     EXPECT_EQ(s.bytes.inter_sent, per_peer * (n - 1));
 }
 
