@@ -130,6 +130,51 @@ TEST(Rows, AddLoadStore) {
 
 // The softmax helpers: scalar and AVX-512 give the same bits at every length (tails included),
 // and the values agree with a double-precision reference.
+// acc += sum_j c[j] * rows[j]: the router's dx term. Exact for values that need no rounding; the
+// documented order otherwise; the same bits in both versions, for f32 and bf16 rows, full and
+// partial vectors, one or several rows.
+TEST(Rows, AddCombinationRow) {
+    const std::int64_t n = 37, ld = 40;
+    Tensor w = Tensor::empty({8, ld}, DType::kF32);
+    for (std::int64_t i = 0; i < 8 * ld; ++i) {
+        w.data<float>()[i] = static_cast<float>(i % 7) - 3.0f;
+    }
+    const float coeff[8] = {0.5f, -2.0f, 1.0f, 0.25f, 3.0f, -1.0f, 0.125f, 2.0f};
+    std::vector<float> acc(n, 1.0f);
+    add_combination_row(coeff, 8, w.raw(), DType::kF32, ld, acc.data(), n, KernelImpl::kScalar);
+    for (std::int64_t i = 0; i < n; ++i) {
+        double want = 1.0;
+        for (int j = 0; j < 8; ++j) {
+            want += coeff[j] * w.data<float>()[j * ld + i];
+        }
+        EXPECT_EQ(acc[static_cast<std::size_t>(i)], want) << i;  // small integers and halves
+    }
+    if (!cpu_features().avx512_core()) {
+        GTEST_SKIP() << "no AVX-512 to compare with";
+    }
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (std::int64_t count : {1, 3, 8}) {
+            for (std::int64_t len : {16, 37, 2048}) {
+                Tensor rows = Tensor::empty({count, len}, dt),
+                       c = Tensor::empty({count}, DType::kF32);
+                fill_normal(rows, 1, 0.0f, 1.0f);
+                fill_normal(c, 2, 0.0f, 1e-3f);
+                std::vector<float> a1(static_cast<std::size_t>(len)), a2;
+                for (std::size_t i = 0; i < a1.size(); ++i) {
+                    a1[i] = std::sin(static_cast<float>(i));
+                }
+                a2 = a1;
+                add_combination_row(c.data<float>(), count, rows.raw(), dt, len, a1.data(), len,
+                                    KernelImpl::kScalar);
+                add_combination_row(c.data<float>(), count, rows.raw(), dt, len, a2.data(), len,
+                                    KernelImpl::kAvx512);
+                EXPECT_EQ(std::memcmp(a1.data(), a2.data(), a1.size() * 4), 0)
+                    << dtype_name(dt) << " count " << count << " n " << len;
+            }
+        }
+    }
+}
+
 TEST(Activation, SoftmaxHelpersScalarAndAvx512Agree) {
     if (!cpu_features().avx512_core()) {
         GTEST_SKIP() << "no AVX-512 on this CPU";

@@ -194,68 +194,65 @@ void permute_forward(const DispatchPlan& plan, const ExpertSegments& seg, const 
     zero_segment_padding(seg, probs_perm);
 }
 
-void permute_backward(const DispatchPlan& plan, const ExpertSegments& seg, const Tensor& dx_perm,
-                      const Tensor& dprobs_perm, const Tensor& dx_acc, const Tensor& dweight) {
+void gather_dweight(const DispatchPlan& plan, const ExpertSegments& seg, const Tensor& dprobs_perm,
+                    const Tensor& dweight) {
     check_segments(plan, seg);
-    const std::int64_t t_count = plan.num_tokens, k = plan.topk, h = dx_perm.row_size();
-    check_tensor(dx_acc, {t_count, h}, DType::kF32, "dx accumulator");
+    const std::int64_t t_count = plan.num_tokens, k = plan.topk;
     check_tensor(dweight, {t_count, k}, DType::kF32, "dweight");
     check_tensor(dprobs_perm, {seg.total_rows()}, DType::kF32, "dprobs_perm");
     const std::int32_t* slot_row = plan.slot_row.data<std::int32_t>();
     const float* dprobs = dprobs_perm.data<float>();
     float* dw = dweight.data<float>();
-    for (std::int64_t t = 0; t < t_count; ++t) {
-        float* acc = dx_acc.data<float>() + t * h;
-        bool first = true;
-        for (std::int64_t q = 0; q < k; ++q) {
-            const std::int32_t r = slot_row[t * k + q];
-            if (r < 0) {
-                dw[t * k + q] = 0.0f;
-                continue;
-            }
-            const std::int64_t row = layout_row(plan, seg, r);
-            if (first) {
-                kernels::load_row(row_ptr(dx_perm, row), dx_perm.dtype(), acc, h);
-            } else {
-                kernels::add_row(row_ptr(dx_perm, row), dx_perm.dtype(), acc, h);
-            }
-            first = false;
-            dw[t * k + q] = dprobs[row];
+    for (std::int64_t s = 0; s < t_count * k; ++s) {
+        const std::int32_t r = slot_row[s];
+        dw[s] = r < 0 ? 0.0f : dprobs[layout_row(plan, seg, r)];
+    }
+}
+
+void token_row_sum(const DispatchPlan& plan, const ExpertSegments& seg, const Tensor& rows,
+                   std::int64_t t, float* acc) {
+    const std::int64_t k = plan.topk, h = rows.row_size();
+    const std::int32_t* slot_row = plan.slot_row.data<std::int32_t>();
+    bool first = true;
+    for (std::int64_t q = 0; q < k; ++q) {
+        const std::int32_t r = slot_row[t * k + q];
+        if (r < 0) {
+            continue;
         }
+        const char* src = row_ptr(rows, layout_row(plan, seg, r));
         if (first) {
-            std::fill(acc, acc + h, 0.0f);
+            kernels::load_row(src, rows.dtype(), acc, h);
+        } else {
+            kernels::add_row(src, rows.dtype(), acc, h);
         }
+        first = false;
+    }
+    if (first) {
+        std::fill(acc, acc + h, 0.0f);
+    }
+}
+
+void permute_backward(const DispatchPlan& plan, const ExpertSegments& seg, const Tensor& dx_perm,
+                      const Tensor& dprobs_perm, const Tensor& dx_acc, const Tensor& dweight) {
+    const std::int64_t t_count = plan.num_tokens, h = dx_perm.row_size();
+    check_tensor(dx_acc, {t_count, h}, DType::kF32, "dx accumulator");
+    gather_dweight(plan, seg, dprobs_perm, dweight);
+    for (std::int64_t t = 0; t < t_count; ++t) {
+        token_row_sum(plan, seg, dx_perm, t, dx_acc.data<float>() + t * h);
     }
 }
 
 void combine_forward(const DispatchPlan& plan, const ExpertSegments& seg, const Tensor& y_perm,
                      const Tensor& shared, const Tensor& y) {
     check_segments(plan, seg);
-    const std::int64_t t_count = plan.num_tokens, k = plan.topk, h = y_perm.row_size();
+    const std::int64_t t_count = plan.num_tokens, h = y_perm.row_size();
     check_tensor(y, {t_count, h}, y.dtype(), "combine output y");
     if (shared.defined()) {
         check_tensor(shared, {t_count, h}, DType::kF32, "shared expert output");
     }
-    const std::int32_t* slot_row = plan.slot_row.data<std::int32_t>();
     std::vector<float> acc(static_cast<std::size_t>(h));
     for (std::int64_t t = 0; t < t_count; ++t) {
-        bool first = true;
-        for (std::int64_t q = 0; q < k; ++q) {
-            const std::int32_t r = slot_row[t * k + q];
-            if (r < 0) {
-                continue;
-            }
-            const char* src = row_ptr(y_perm, layout_row(plan, seg, r));
-            if (first) {
-                kernels::load_row(src, y_perm.dtype(), acc.data(), h);
-            } else {
-                kernels::add_row(src, y_perm.dtype(), acc.data(), h);
-            }
-            first = false;
-        }
-        if (first) {
-            std::fill(acc.begin(), acc.end(), 0.0f);
-        }
+        token_row_sum(plan, seg, y_perm, t, acc.data());
         if (shared.defined()) {
             kernels::add_row(row_ptr(shared, t), DType::kF32, acc.data(), h);
         }

@@ -71,6 +71,16 @@ void permute_forward(const DispatchPlan& plan, const ExpertSegments& segments, c
 void permute_backward(const DispatchPlan& plan, const ExpertSegments& segments,
                       const Tensor& dx_perm, const Tensor& dprobs_perm, const Tensor& dx_acc,
                       const Tensor& dweight);
+// Its two halves, for a caller that fuses the rows into a pass of its own: dweight alone, and
+// token t's row of dx_acc into acc[0, H) (token_row_sum of dx_perm: the same operations, so the
+// same bits).
+void gather_dweight(const DispatchPlan& plan, const ExpertSegments& segments,
+                    const Tensor& dprobs_perm, const Tensor& dweight);
+// acc[0, H) = sum over token t's kept slots, in k order, of its rows of `rows` ([Rp, H], any
+// compute dtype), in f32; zero when all its slots were dropped. The combine's and the unpermute's
+// per-token sum.
+void token_row_sum(const DispatchPlan& plan, const ExpertSegments& segments, const Tensor& rows,
+                   std::int64_t t, float* acc);
 
 // y [T, H] (any compute dtype) = round(sum over k of y_perm[row of (t, k)] + shared[t]); the sum
 // is in f32 in k order, then the shared-expert row (f32 [T, H], may be undefined) is added.

@@ -73,7 +73,7 @@ struct MoeContext {
     Tensor dx_perm;      // [Rp, H]
     Tensor dprobs_perm;  // [Rp] f32
     Tensor dweight;      // [T, K] f32
-    Tensor dx_acc;       // [T, H] f32
+    Tensor dx_acc;       // [T, H] f32 with a shared expert; else one row of scratch [H]
     MoePhaseTimes times;
 };
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "epo/kernels/gemm.h"
+#include "epo/kernels/rows.h"
 #include "epo/moe/weight_grad.h"
 
 namespace epo::moe {
@@ -258,12 +260,11 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
     return out;
 }
 
-void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, const Tensor& dweight,
-                           float loss_grad_scale, RouterOutput& out, const Tensor& dx_acc,
-                           Arena& arena) {
+void router_backward_dlogits(const MoeConfig& cfg, const RouterParams& params,
+                             const Tensor& dweight, float loss_grad_scale, RouterOutput& out,
+                             Arena& arena) {
     const std::int64_t t_count = out.logits.dim(0), e_count = cfg.num_experts, k = cfg.topk;
     check_tensor(dweight, {t_count, k}, DType::kF32, "router dweight");
-    check_tensor(dx_acc, {t_count, cfg.hidden_size}, DType::kF32, "router dx accumulator");
     out.dlogits = arena.alloc({t_count, e_count}, DType::kF32);
     const bool aux = has_aux_loss(cfg), z = cfg.z_loss_coeff > 0;
     const std::int64_t seq_len = t_count / out.num_sequences;
@@ -368,7 +369,7 @@ void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, con
             }
         }
     }
-    // dx_acc += dlogits W_r with router-dtype operands.
+    // The operand of dx += dlogits W_r and of the weight gradient, in the router dtype.
     if (router_dtype(cfg) == DType::kF32) {
         out.dlogits_c = out.dlogits;
     } else {
@@ -376,8 +377,31 @@ void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, con
         convert_f32_to_bf16(out.dlogits.data<float>(), out.dlogits_c.data<BF16>(),
                             static_cast<std::size_t>(t_count * e_count));
     }
-    kernels::gemm(as_matrix(out.dlogits_c), as_matrix(weight_operand(cfg, params)),
-                  as_matrix(dx_acc), {false, false, /*accumulate=*/true, false});
+}
+
+void router_dx_add_row(const MoeConfig& cfg, const RouterParams& params, const RouterOutput& out,
+                       std::int64_t t, float* acc) {
+    const std::int64_t e_count = cfg.num_experts;
+    EPO_CHECK(out.dlogits_c.defined(), "router dx before its dlogits");
+    thread_local std::vector<float> coeff;  // grows to the expert count once
+    coeff.resize(static_cast<std::size_t>(e_count));
+    kernels::load_row(static_cast<const char*>(out.dlogits_c.raw()) +
+                          static_cast<std::size_t>(t * e_count) * dtype_size(out.dlogits_c.dtype()),
+                      out.dlogits_c.dtype(), coeff.data(), e_count);
+    const Tensor& w = weight_operand(cfg, params);
+    kernels::add_combination_row(coeff.data(), e_count, w.raw(), w.dtype(), cfg.hidden_size, acc,
+                                 cfg.hidden_size);
+}
+
+void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, const Tensor& dweight,
+                           float loss_grad_scale, RouterOutput& out, const Tensor& dx_acc,
+                           Arena& arena) {
+    const std::int64_t t_count = out.logits.dim(0);
+    check_tensor(dx_acc, {t_count, cfg.hidden_size}, DType::kF32, "router dx accumulator");
+    router_backward_dlogits(cfg, params, dweight, loss_grad_scale, out, arena);
+    for (std::int64_t t = 0; t < t_count; ++t) {
+        router_dx_add_row(cfg, params, out, t, dx_acc.data<float>() + t * cfg.hidden_size);
+    }
 }
 
 void router_backward_wgrad(const MoeConfig& cfg, RouterParams& params, const RouterOutput& out,

@@ -65,10 +65,19 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
                             std::int64_t num_sequences, Arena& arena);
 
 // dlogits from dweight ([T, K] f32, dL/dp; zero for dropped slots) and the loss gradients;
-// then dx_acc ([T, H] f32) += dlogits W_r.
+// then dx_acc ([T, H] f32) += dlogits W_r. The two halves below, for callers that fuse the
+// second into a pass of their own over the rows of dx.
 void router_backward_dgrad(const MoeConfig& cfg, const RouterParams& params, const Tensor& dweight,
                            float loss_grad_scale, RouterOutput& out, const Tensor& dx_acc,
                            Arena& arena);
+// out.dlogits and out.dlogits_c from dweight and the loss gradients.
+void router_backward_dlogits(const MoeConfig& cfg, const RouterParams& params,
+                             const Tensor& dweight, float loss_grad_scale, RouterOutput& out,
+                             Arena& arena);
+// acc[0, H) += dlogits_c[t] W_r: token t's row of dlogits W_r (kernels::add_combination_row, so
+// in a fixed order), added to the row it is given.
+void router_dx_add_row(const MoeConfig& cfg, const RouterParams& params, const RouterOutput& out,
+                       std::int64_t t, float* acc);
 
 // weight.main_grad += dlogits^T x (straight into main_grad with gradient_accumulation_fusion,
 // else into a temporary from `arena` that is then added).
