@@ -42,7 +42,7 @@ torch_run() {  # "<median wall ms of the timed steps> <ms inside oneDNN GEMMs pe
     awk -F, -v steps=$steps -v all=$((steps + warmup)) '
       /^onednn_verbose,exec,cpu,matmul/ {t[++n] = $NF}
       /^median/ {split($0, w, " "); median = w[3]}
-      END {s = 0; for (i = n - n * steps / all + 1; i <= n; ++i) s += t[i]
+      END {s = 0; for (i = n - int(n * steps / all) + 1; i <= n; ++i) s += t[i]
            printf "%s %.1f\n", median, s / steps}'
 }
 

@@ -251,31 +251,6 @@ PrimitiveCache& cache() {
     return c;
 }
 
-// Execution totals for GemmCacheStats: what the products cost where they run (a benchmark of a
-// whole layer reads its GEMM rate from them). Two clock reads per call, ~40 ns.
-struct ExecTotals {
-    std::atomic<std::int64_t> nanoseconds{0};
-    std::atomic<std::int64_t> flops{0};
-};
-
-ExecTotals& exec_totals() {
-    static ExecTotals t;
-    return t;
-}
-
-void execute(const Prim& p, const void* a, const void* b, void* c);
-
-void timed_execute(const Prim& p, const Key& key, const void* a, const void* b, void* c) {
-    const auto t0 = std::chrono::steady_clock::now();
-    execute(p, a, b, c);
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    ExecTotals& t = exec_totals();
-    t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
-    t.flops.fetch_add(2 * key.m * key.n * key.k, std::memory_order_relaxed);
-}
-
 void execute(const Prim& p, const void* a, const void* b, void* c) {
     dnnl::engine& eng = cpu_engine();
     memory am(p.a_md, eng, const_cast<void*>(a));
@@ -293,6 +268,29 @@ void execute(const Prim& p, const void* a, const void* b, void* c) {
         p.matmul.execute(thread_stream(),
                          {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     }
+}
+
+// Execution totals for GemmCacheStats: what the products cost where they run (a benchmark of a
+// whole layer reads its GEMM rate from them). Two clock reads per call, ~40 ns.
+struct ExecTotals {
+    std::atomic<std::int64_t> nanoseconds{0};
+    std::atomic<std::int64_t> flops{0};
+};
+
+ExecTotals& exec_totals() {
+    static ExecTotals t;
+    return t;
+}
+
+void timed_execute(const Prim& p, const Key& key, const void* a, const void* b, void* c) {
+    const auto t0 = std::chrono::steady_clock::now();
+    execute(p, a, b, c);
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    ExecTotals& t = exec_totals();
+    t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
+    t.flops.fetch_add(2 * key.m * key.n * key.k, std::memory_order_relaxed);
 }
 
 struct Dims {

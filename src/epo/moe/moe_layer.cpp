@@ -83,24 +83,22 @@ void backward_epilogue(const MoeConfig& cfg, const MoeLayerParams& params, const
         router_backward_dlogits(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router,
                                 ctx.arena);
     }
+    const bool shared = has_shared(cfg);
     const std::size_t dx_row_bytes = static_cast<std::size_t>(h) * dtype_size(dx.dtype());
-    if (!has_shared(cfg)) {
-        Stopwatch sw(tm.permute_bwd);  // unpermute, the router's term and the store, fused
-        float* acc = ctx.dx_acc.data<float>();
-        for (std::int64_t t = 0; t < t_count; ++t) {
-            token_row_sum(ctx.plan, ctx.segments, ctx.dx_perm, t, acc);
-            router_dx_add_row(cfg, params.router, ctx.router, t, acc);
-            kernels::store_row(acc, static_cast<char*>(dx.raw()) + t * dx_row_bytes, dx.dtype(), h);
-        }
-        return;
-    }
     {
-        Stopwatch sw(tm.permute_bwd);
+        Stopwatch sw(tm.permute_bwd);  // unpermute and the router's term (and the store if fused)
         for (std::int64_t t = 0; t < t_count; ++t) {
-            float* acc = ctx.dx_acc.data<float>() + t * h;
+            float* acc = ctx.dx_acc.data<float>() + (shared ? t * h : 0);
             token_row_sum(ctx.plan, ctx.segments, ctx.dx_perm, t, acc);
             router_dx_add_row(cfg, params.router, ctx.router, t, acc);
+            if (!shared) {
+                kernels::store_row(acc, static_cast<char*>(dx.raw()) + t * dx_row_bytes, dx.dtype(),
+                                   h);
+            }
         }
+    }
+    if (!shared) {
+        return;
     }
     {
         Stopwatch sw(tm.shared_dgrad);
