@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkgconf
   libopenmpi-dev openmpi-bin          # MPI: the distributed engine (MPICH works too)
-  libdnnl-dev                         # oneDNN: bf16/fp32 GEMM
+  libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16/fp32 GEMM (its CMake config requires OpenCL)
   libyaml-cpp-dev nlohmann-json3-dev  # configs in, reports and metadata out
   libcli11-dev libspdlog-dev libfmt-dev
   libssl-dev                          # SHA-256 checksums of checkpoint files
