@@ -84,14 +84,10 @@ std::string default_run_dir(const config::Config& cfg) {
 void launch(bench::BenchOptions options) {
     const config::Config built =
         config::build_config(bench::with_default_model(options.sources)).config;
-    const int world = built.comm.num_nodes * built.comm.gpus_per_node;
-    if (world < 1) {
-        throw Error(ErrorKind::kUsage,
-                    fmt::format("comm.num_nodes {} x comm.gpus_per_node {}: need at least one "
-                                "rank; set --num_nodes and --gpus_per_node",
-                                built.comm.num_nodes, built.comm.gpus_per_node));
-    }
-    const config::Config cfg = bench::check_bench_config(options, world);
+    const int world = bench::launch_world_size(built);
+    // mpirun starts every rank on this host.
+    const config::Config cfg =
+        bench::check_bench_config(options, {.world_size = world, .ranks_per_host = world});
     const std::string out = options.out_dir ? options.out_dir->string() : default_run_dir(cfg);
 
     std::vector<std::string> argv = own_command_line();
@@ -112,7 +108,7 @@ void launch(bench::BenchOptions options) {
     comm::LaunchOptions launch{.num_ranks = world, .command = command};
     const std::vector<std::string> line = comm::make_launch_command(launch);
     std::cout << fmt::format("[bench] {} ranks ({} nodes x {}), run directory {}\n", world,
-                             cfg.comm.num_nodes, cfg.comm.gpus_per_node, out)
+                             config::num_nodes(cfg.comm), config::gpus_per_node(cfg.comm), out)
               << std::flush;
     comm::exec_launch(line);
 }

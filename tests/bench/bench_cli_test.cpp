@@ -6,7 +6,10 @@
 
 #include <filesystem>
 
+#include "epo/bench/bench_run.h"
 #include "epo/comm/launch.h"
+#include "epo/config/recipes.h"
+#include "epo/core/error.h"
 
 namespace epo::bench {
 namespace {
@@ -74,6 +77,19 @@ TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
         EXPECT_EQ(r.stdout_text.find("ranks ("), std::string::npos) << line;  // no launch
         EXPECT_FALSE(fs::exists(out)) << line;
     }
+}
+
+// With no topology stated epo bench starts the ranks the layout needs, on one node of this host.
+TEST(BenchCli, LaunchWorldSizeFillsAnUnstatedTopology) {
+    config::Config c = config::make_recipe("tiny-moe");
+    c.model.expert_model_parallel_size = 4;
+    EXPECT_EQ(launch_world_size(c), 4);
+    c.comm.num_nodes = 2;
+    EXPECT_EQ(launch_world_size(c), 4);  // 2 nodes x 2
+    c.comm.gpus_per_node = 3;
+    EXPECT_EQ(launch_world_size(c), 6);  // stated: kept, and validated as such
+    c.comm.gpus_per_node = kMaxLocalRanks;
+    EXPECT_THROW(launch_world_size(c), Error);
 }
 
 TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {

@@ -54,6 +54,14 @@ epo_cli_test(override_list_and_null 0 "recompute_modules: \\[core_attn, mlp\\]" 
 epo_cli_test(json_valid 0 "\"ok\": true," "\"target\": \"epo runtime\"" RUN
              validate --model tiny-moe --json)
 
+# No topology stated (a recipe or a Megatron-Bridge file): the world-size checks wait for the
+# launch and say so; a stated topology keeps them.
+epo_cli_test(no_topology_defers_world_checks 0 "VALID: 0 errors" "^notes:"
+             "no topology stated.*LY002, LY003" RUN validate --model tiny-moe -ep 8
+             model.num_moe_experts=16)
+epo_cli_test(stated_topology_checks_world 1 "LY002  model.expert_model_parallel_size = 2"
+             "world size 3" RUN validate --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 3)
+
 # Invalid configurations (exit 1): every violation, with ids and fixes.
 epo_cli_test(invalid_ep 1 "EP001  model.expert_model_parallel_size = 1" RUN
              validate --model tiny-moe --moe_a2a_overlap true)

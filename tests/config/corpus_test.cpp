@@ -122,7 +122,7 @@ TEST(Corpus, MutatedConfigsNeverCrash) {
     }
     // Both outcomes occur, so the run exercises the readers as well as the validator.
     EXPECT_GT(refused, 100);
-    EXPECT_GT(accepted, 10);
+    EXPECT_GT(accepted, 5);
 }
 
 }  // namespace

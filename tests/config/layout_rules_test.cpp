@@ -53,6 +53,45 @@ TEST(LayoutRules, LY002WorldDivisibleByEp) {
     }));
 }
 
+// A config that states no topology (a Megatron-Bridge file, a recipe) has no world size until
+// the launch: the checks that need one wait for it, and validate() says which.
+TEST(LayoutRules, WorldChecksWaitForTheLaunchWithoutTopology) {
+    Config c = make_recipe("tiny-moe");
+    c.model.expert_model_parallel_size = 8;
+    c.model.num_moe_experts = 16;
+    ASSERT_FALSE(topology_stated(c.comm));
+    EXPECT_EQ(world_size(c), 0);
+    const ValidationReport r = validate(c);
+    EXPECT_TRUE(r.ok()) << ::testing::PrintToString(ids(r.errors));
+    ASSERT_EQ(r.notes.size(), 1u);
+    for (const char* deferred : {"LY002", "LY003", "LY004", "W011", "W012"}) {
+        EXPECT_NE(r.notes[0].find(deferred), std::string::npos) << r.notes[0];
+    }
+}
+
+TEST(LayoutRules, StatedTopologyKeepsTheWorldChecks) {
+    Config c = make_recipe("tiny-moe");
+    c.model.expert_model_parallel_size = 2;
+    c.comm.num_nodes = 1;
+    c.comm.gpus_per_node = 3;
+    const ValidationReport r = validate(c);
+    EXPECT_TRUE(has(r.errors, "LY002")) << ::testing::PrintToString(ids(r.errors));
+    EXPECT_TRUE(r.notes.empty());
+}
+
+// Without a world size the micro batch must still divide the global batch, for any DP size.
+TEST(LayoutRules, LY004WithoutTopologyChecksTheMicroBatch) {
+    Config c = make_recipe("tiny-moe");
+    c.train.micro_batch_size = 2;
+    c.train.global_batch_size = 5;
+    const ValidationReport r = validate(c);
+    ASSERT_TRUE(has(r.errors, "LY004"));
+    EXPECT_NE(testing::get(r.errors, "LY004").message.find("whatever the data-parallel size"),
+              std::string::npos);
+    c.train.global_batch_size = 6;
+    EXPECT_FALSE(has(validate(c).errors, "LY004"));
+}
+
 TEST(LayoutRules, LY003WorldDivisibleByModelParallelism) {
     EXPECT_TRUE(fires("LY003", [](Config& c) {
         c.model.tensor_model_parallel_size = 3;

@@ -191,5 +191,41 @@ TEST(StartupChecks, WorldSize) {
     EXPECT_NE(finding->fix.find("mpirun -np 4"), std::string::npos);
 }
 
+// What a run fills in when the configuration leaves the topology to the launcher.
+TEST(RuntimeSupport, ResolveTopologyFromTheJob) {
+    CommConfig neither;
+    EXPECT_FALSE(resolve_topology(neither, 8, 4).has_value());  // 2 hosts of 4 ranks
+    EXPECT_EQ(neither.num_nodes, 2);
+    EXPECT_EQ(neither.gpus_per_node, 4);
+
+    CommConfig uneven;
+    const auto refused = resolve_topology(uneven, 5, 0);
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->id, "LY009");
+    EXPECT_NE(refused->message.find("different numbers of ranks"), std::string::npos);
+
+    CommConfig nodes_only;
+    nodes_only.num_nodes = 2;
+    EXPECT_FALSE(resolve_topology(nodes_only, 6, 6).has_value());
+    EXPECT_EQ(nodes_only.gpus_per_node, 3);
+    CommConfig nodes_uneven;
+    nodes_uneven.num_nodes = 4;
+    ASSERT_TRUE(resolve_topology(nodes_uneven, 6, 6).has_value());
+    EXPECT_EQ(resolve_topology(nodes_uneven, 6, 6)->field, "comm.num_nodes");
+
+    // A stated gpus_per_node is one node, as validation took it; the job is then checked.
+    CommConfig ranks_only;
+    ranks_only.gpus_per_node = 4;
+    EXPECT_FALSE(resolve_topology(ranks_only, 8, 4).has_value());
+    EXPECT_EQ(ranks_only.num_nodes, 1);
+
+    CommConfig both;
+    both.num_nodes = 2;
+    both.gpus_per_node = 1;
+    EXPECT_FALSE(resolve_topology(both, 2, 2).has_value());  // kept: 2 nodes on one host
+    EXPECT_EQ(both.num_nodes, 2);
+    EXPECT_EQ(both.gpus_per_node, 1);
+}
+
 }  // namespace
 }  // namespace epo::config

@@ -54,9 +54,9 @@ config::ConfigSources sources_for(const BenchOptions& options, const BenchSchedu
     return s;
 }
 
-config::Config finalized_or_throw(const config::ConfigSources& sources, int world_size,
+config::Config finalized_or_throw(const config::ConfigSources& sources, const comm::JobShape& job,
                                   const std::string& what) {
-    const config::ValidationReport report = train::prepare_run_config(sources, world_size);
+    const config::ValidationReport report = train::prepare_run_config(sources, job);
     if (!report.ok()) {
         std::string ids;
         for (const auto& e : report.errors) {
@@ -96,13 +96,14 @@ struct Logs {
     }
 };
 
-LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, Logs& logs) {
+LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm::JobShape& job,
+                          Logs& logs) {
     const BenchSchedule base{"baseline", false, false};
     const config::Config cfg =
         finalized_or_throw(sources_for(options, &base,
                                        {"comm.link.inter_node_gbps=0",
                                         "comm.link.intra_node_gbps=0", "comm.link.latency_us=0"}),
-                           world, "calibration");
+                           job, "calibration");
     logs.both(
         fmt::format("[bench] calibrating the link model to comm/compute = {}: baseline "
                     "with the link model off",
@@ -111,7 +112,7 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     const int steps = options.warmup_steps + 2;
     std::vector<double> compute, comm_s, a2a_bytes, reduce_bytes, gather_bytes, other_bytes,
         collectives;
-    const bool inter = cfg.comm.num_nodes > 1;
+    const bool inter = config::num_nodes(cfg.comm) > 1;
     for (int i = 0; i < steps; ++i) {
         const train::StepResult r = trainer.step();
         if (i < options.warmup_steps) {
@@ -150,7 +151,7 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, int world, 
     c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median);
     c.num_collectives = static_cast<int64_t>(max_over_ranks(summarize(collectives).median));
     c.inter_node = inter;
-    const config::Config user = finalized_or_throw(sources_for(options, &base, {}), world, "run");
+    const config::Config user = finalized_or_throw(sources_for(options, &base, {}), job, "run");
     c.latency_us = user.comm.link.latency_us.value_or(0.0);
     const double optimizer_bytes =
         c.grad_reduce_bytes + c.param_gather_bytes + c.compute_stream_bytes;
@@ -285,6 +286,31 @@ comm:
     return yaml;
 }
 
+int launch_world_size(const config::Config& built) {
+    const config::CommConfig& comm = built.comm;
+    const std::int64_t nodes = comm.num_nodes.value_or(1);
+    std::int64_t per_node = 0;
+    if (comm.gpus_per_node) {
+        per_node = *comm.gpus_per_node;
+    } else {
+        const std::int64_t least =
+            std::max<std::int64_t>(1, config::model_parallel_size(built.model)) *
+            std::max(1, built.model.expert_model_parallel_size);
+        per_node =
+            (least + std::max<std::int64_t>(1, nodes) - 1) / std::max<std::int64_t>(1, nodes);
+    }
+    const std::int64_t world = nodes * per_node;  // each factor is a validated int or derived
+    if (nodes < 1 || per_node < 1 || world > kMaxLocalRanks) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("comm.num_nodes {} x comm.gpus_per_node {} = {} ranks: epo bench "
+                                "starts its ranks on this host and takes 1 to {}; set "
+                                "--num_nodes and --gpus_per_node (or run epo bench inside your "
+                                "own mpirun / srun job for more)",
+                                nodes, per_node, world, kMaxLocalRanks));
+    }
+    return static_cast<int>(world);
+}
+
 config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy) {
     const bool proxy = !sources.model && !sources.config_path && !sources.config_text;
     if (proxy) {
@@ -303,7 +329,7 @@ const std::vector<BenchSchedule>& compare_schedules() {
     return s;
 }
 
-config::Config check_bench_config(const BenchOptions& options, int world_size) {
+config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job) {
     const auto& flex = options.sources.harness.moe_flex_dispatcher_backend;
     if (flex && flex->has_value()) {
         throw Error(ErrorKind::kConfig,
@@ -325,8 +351,7 @@ config::Config check_bench_config(const BenchOptions& options, int world_size) {
                     fmt::format("--repeats {} / --warmup_steps {}: give 0 or more", options.repeats,
                                 options.warmup_steps));
     }
-    const config::Config cfg =
-        finalized_or_throw(sources_for(options, nullptr, {}), world_size, "");
+    const config::Config cfg = finalized_or_throw(sources_for(options, nullptr, {}), job, "");
     if (options.warmup_steps >= cfg.train.train_iters) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--warmup_steps {} leaves none of the {} steps "
@@ -336,7 +361,7 @@ config::Config check_bench_config(const BenchOptions& options, int world_size) {
     }
     if (options.compare) {
         for (const BenchSchedule& s : compare_schedules()) {
-            finalized_or_throw(sources_for(options, &s, {}), world_size, s.name);
+            finalized_or_throw(sources_for(options, &s, {}), job, s.name);
         }
     }
     return cfg;
@@ -345,9 +370,9 @@ config::Config check_bench_config(const BenchOptions& options, int world_size) {
 BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     const auto t0 = Clock::now();
     const int rank = comm::current_world_rank();
-    const int world = comm::current_world_size();
+    const comm::JobShape job = comm::current_job_shape();
     BenchResult result;
-    result.config = check_bench_config(options, world);
+    result.config = check_bench_config(options, job);
     with_default_model(options.sources, &result.proxy);
     result.run_dir = train::agree_on_run_dir(options.out_dir, result.config, "bench-");
     if (rank == 0) {
@@ -371,7 +396,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     }
     std::vector<std::string> link;
     if (ratio && *ratio > 0) {
-        result.calibration = calibrate(options, *ratio, world, logs);
+        result.calibration = calibrate(options, *ratio, job, logs);
         link = link_overrides(*result.calibration);
     } else if (ratio) {
         // --comm_compute_ratio 0: the link model off, whatever the configuration says.
@@ -392,7 +417,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     for (const BenchSchedule& s : schedules) {
         ScheduleRun run;
         run.schedule = s;
-        run.config = finalized_or_throw(sources_for(options, &s, link), world, s.name);
+        run.config = finalized_or_throw(sources_for(options, &s, link), job, s.name);
         if (rank == 0) {
             config::ValidationReport report;
             report.config = run.config;

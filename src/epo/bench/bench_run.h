@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "epo/bench/metrics.h"
+#include "epo/comm/mpi_runtime.h"
 #include "epo/config/builder.h"
 #include "epo/config/config.h"
 
@@ -46,6 +47,13 @@ extern const char* const kProxyRecipe;
 const std::string& proxy_yaml();
 // `sources` with the proxy layer added when they name neither a model nor a config file.
 config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy = nullptr);
+
+// How many ranks `epo bench` starts on this host for a built configuration: comm.num_nodes x
+// comm.gpus_per_node where stated; an unstated comm.num_nodes is 1 and an unstated
+// comm.gpus_per_node what the model-parallel and expert-parallel sizes need at least
+// (TP x PP x CP x EP over the nodes). Raises epo::Error (kUsage) above kMaxLocalRanks.
+inline constexpr int kMaxLocalRanks = 256;
+int launch_world_size(const config::Config& built);
 
 struct BenchOptions {
     config::ConfigSources sources;
@@ -118,11 +126,11 @@ struct BenchResult {
     double wall_s = 0;
 };
 
-// The finalized, runtime-valid configuration of the subject run for `world_size` ranks, or an
+// The finalized, runtime-valid configuration of the subject run for the MPI job `job`, or an
 // epo::Error whose message lists each problem with its id and fix. Refuses the flex dispatcher
 // (RT017) whatever the device: the runtime has no flex dispatcher, and silently running
 // alltoall instead would measure something else. Same on every rank; no MPI needed.
-config::Config check_bench_config(const BenchOptions& options, int world_size);
+config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job);
 
 // Collective over MPI_COMM_WORLD. `log` receives rank 0's progress; every rank also writes its
 // own log to <run_dir>/logs/rank-R.log.

@@ -173,8 +173,8 @@ void replace_dir(const fs::path& from, const fs::path& to) {
 
 WorldLayout world_layout_of(const config::Config& cfg, int world_size) {
     return WorldLayout{.world_size = world_size,
-                       .num_nodes = cfg.comm.num_nodes,
-                       .gpus_per_node = cfg.comm.gpus_per_node,
+                       .num_nodes = config::num_nodes(cfg.comm),
+                       .gpus_per_node = config::gpus_per_node(cfg.comm),
                        .expert_model_parallel_size = cfg.model.expert_model_parallel_size};
 }
 

@@ -122,4 +122,24 @@ int current_world_size() {
     return size;
 }
 
+int current_ranks_per_host() {
+    if (!mpi_active())
+        return 1;
+    // Ranks that can share memory are the ranks of one host (the launcher's node).
+    MPI_Comm host = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host),
+              "MPI_Comm_split_type for the ranks of this host");
+    int local = 0;
+    MPI_Comm_size(host, &local);
+    MPI_Comm_free(&host);
+    int bounds[2] = {local, -local};
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+              "MPI_Allreduce of the ranks per host");
+    return bounds[0] == -bounds[1] ? local : 0;
+}
+
+JobShape current_job_shape() {
+    return JobShape{.world_size = current_world_size(), .ranks_per_host = current_ranks_per_host()};
+}
+
 }  // namespace epo::comm

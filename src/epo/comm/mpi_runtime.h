@@ -51,5 +51,16 @@ private:
 // World rank and size when MPI is initialized (and not finalized), else 0 and 1.
 int current_world_rank();
 int current_world_size();
+// The number of ranks on each host of the job, 0 when the hosts hold different numbers (1 without
+// MPI). Collective over MPI_COMM_WORLD: every rank calls it, at start-up, before any other work.
+int current_ranks_per_host();
+
+// The MPI job a run starts in, as the configuration's topology is resolved against it
+// (config::resolve_topology).
+struct JobShape {
+    int world_size = 1;
+    int ranks_per_host = 1;  // 0 when the hosts hold different numbers of ranks
+};
+JobShape current_job_shape();  // collective, like current_ranks_per_host()
 
 }  // namespace epo::comm

@@ -101,7 +101,22 @@ std::int64_t model_parallel_size(const ModelConfig& m) {
 }
 
 std::int64_t world_size(const Config& c) {
-    return saturating_mul(c.comm.num_nodes, c.comm.gpus_per_node);
+    if (!topology_stated(c.comm)) {
+        return 0;
+    }
+    return saturating_mul(num_nodes(c.comm), *c.comm.gpus_per_node);
+}
+
+bool topology_stated(const CommConfig& comm) {
+    return comm.gpus_per_node.has_value();
+}
+
+int num_nodes(const CommConfig& comm) {
+    return comm.num_nodes.value_or(1);
+}
+
+int gpus_per_node(const CommConfig& comm) {
+    return comm.gpus_per_node.value_or(1);
 }
 
 std::int64_t data_parallel_size(const Config& c) {

@@ -71,13 +71,20 @@ std::vector<bool> moe_layer_pattern(const ModelConfig& m);
 
 // Products below saturate at the int64 limits instead of overflowing (sizes are unchecked input).
 std::int64_t model_parallel_size(const ModelConfig& m);  // TP * PP * CP
-std::int64_t world_size(const Config& c);                // comm.num_nodes * comm.gpus_per_node
+// The topology is stated when comm.gpus_per_node is (comm.num_nodes then defaults to 1 node);
+// otherwise the launcher decides it, and world_size() is 0 until resolve_topology() (validate.h)
+// fills it in from the MPI job.
+bool topology_stated(const CommConfig& comm);
+std::int64_t world_size(const Config& c);  // num_nodes (default 1) x gpus_per_node, or 0
 // comm_overlap.data_parallel_size when given, else world size / (TP * PP * CP).
 std::int64_t data_parallel_size(const Config& c);
 std::int64_t samples_per_step(const Config& c);   // micro batch * DP: one micro-batch per rank
 std::int64_t global_batch_size(const Config& c);  // train.global_batch_size or micro * DP
 std::int64_t num_microbatches(const Config& c);   // global / (micro * DP)
 int lr_decay_iters(const Config& c);              // train.lr_decay_iters or train_iters
+// Nodes (> 1 means inter-node links), 1 while comm.num_nodes is null.
+int num_nodes(const CommConfig& comm);
+int gpus_per_node(const CommConfig& comm);  // ranks per node; 1 while null
 bool link_model_enabled(const CommConfig& comm);
 
 // Module names inside a CUDA-graph scope, from cuda_graph_modules plus the legacy

@@ -1,6 +1,8 @@
 // Layout and shape checks (LY), MoE sanity (MO) and the dataset (DS). World size here is the
-// configured one (comm.num_nodes x comm.gpus_per_node); at launch the runtime checks that MPI
-// gave exactly that many ranks (check_world_size in validate.h, LY009).
+// configured one (comm.num_nodes x comm.gpus_per_node). A configuration that leaves the topology
+// to the launcher has no world size yet: the checks that need one (LY002, LY003, the
+// data-parallel part of LY004) run when the job starts, where resolve_topology() has filled it in
+// and check_world_size() (validate.h, LY009) has checked it against MPI.
 #include <algorithm>
 
 #include "epo/config/rules.h"
@@ -38,10 +40,9 @@ void check_layout(const RuleContext& ctx) {
     const ModelConfig& m = c.model;
     const std::int64_t world = world_size(c);
     const int ep = m.expert_model_parallel_size;
-    const std::string world_text = fmt::format(
-        "world size {} (comm.num_nodes {} x "
-        "comm.gpus_per_node {})",
-        world, c.comm.num_nodes, c.comm.gpus_per_node);
+    const std::string world_text =
+        fmt::format("world size {} (comm.num_nodes {} x comm.gpus_per_node {})", world,
+                    show(c.comm.num_nodes), show(c.comm.gpus_per_node));
 
     if (is_moe(m) && ep > 0 && !divides(ep, *m.num_moe_experts)) {
         ctx.error("LY001", "model.num_moe_experts", show(m.num_moe_experts),
@@ -64,14 +65,19 @@ void check_layout(const RuleContext& ctx) {
             fmt::format("{} is not divisible by TP x PP x CP = {}", world_text, model_parallel),
             "make the world size a multiple of TP x PP x CP");
     }
-    const std::int64_t per_step = samples_per_step(c);
+    // Without a world size only the micro batch is known, and it must divide the global batch
+    // whatever the data-parallel size turns out to be.
+    const std::int64_t per_step = world > 0 ? samples_per_step(c) : c.train.micro_batch_size;
     if (c.train.global_batch_size && per_step > 0 &&
         !divides(per_step, *c.train.global_batch_size)) {
+        const std::string divisor =
+            world > 0 ? fmt::format("micro batch {} x data-parallel size {}",
+                                    c.train.micro_batch_size, data_parallel_size(c))
+                      : fmt::format("micro batch {} (whatever the data-parallel size)",
+                                    c.train.micro_batch_size);
         ctx.error("LY004", "train.global_batch_size", show(c.train.global_batch_size),
-                  fmt::format("global batch {} is not divisible by micro batch {} x data-parallel "
-                              "size {}",
-                              *c.train.global_batch_size, c.train.micro_batch_size,
-                              data_parallel_size(c)),
+                  fmt::format("global batch {} is not divisible by {}", *c.train.global_batch_size,
+                              divisor),
                   fmt::format("use a global batch that is a multiple of {}", per_step));
     }
     const std::int64_t stages =

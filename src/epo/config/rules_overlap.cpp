@@ -196,13 +196,17 @@ void check_advisories(const RuleContext& ctx) {
     }
     // The reference's advice is about its GPU clusters; on our runtime the link model decides.
     const int ep = c.model.expert_model_parallel_size;
+    // Both need the topology; without one they wait for the launch (validate() notes it).
+    if (!topology_stated(c.comm)) {
+        return;
+    }
     if (ctx.target.declared_stack && ep > 1 && ep <= 4 &&
-        c.model.moe_token_dispatcher_type == DispatcherType::kAlltoall && c.comm.num_nodes <= 2) {
+        c.model.moe_token_dispatcher_type == DispatcherType::kAlltoall && num_nodes(c.comm) <= 2) {
         ctx.warn("W011", "model.expert_model_parallel_size", show(ep),
                  fmt::format("EP overlap at EP {} with the alltoall dispatcher on {} node(s): the "
                              "reference advises against it, the all-to-all is too small to gain "
                              "from hiding",
-                             ep, c.comm.num_nodes));
+                             ep, num_nodes(c.comm)));
     }
     const std::int64_t microbatches = num_microbatches(c);
     if (microbatches < 2) {

@@ -210,13 +210,16 @@ struct LinkConfig {
 };
 
 // Job topology and communication settings. World size = num_nodes * gpus_per_node ranks
-// ("gpus" is the reference harness's name; on CPU it means ranks per node).
+// ("gpus" is the reference harness's name; on CPU it means ranks per node). Both may be left
+// null, as a Megatron-Bridge config file leaves them: then the launcher decides the topology,
+// the checks that need the world size wait for the launch, and a run fills them in from its MPI
+// job (resolve_topology in validate.h). A stated gpus_per_node without num_nodes is one node.
 struct CommConfig {
     using IsSection = void;
 
     LinkConfig link;
-    int num_nodes = 1;
-    int gpus_per_node = 1;
+    std::optional<int> num_nodes;
+    std::optional<int> gpus_per_node;
     double timeout_s = 300.0;  // a collective not done by then aborts the job with the rank
 
     bool operator==(const CommConfig&) const = default;

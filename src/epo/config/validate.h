@@ -41,6 +41,14 @@ ValidationReport validate_for_run(const BuiltConfig& built, const ValidateOption
 // MPI_Init_thread returned. An error finding when it falls short.
 std::optional<Finding> check_mpi_thread_level(int provided);
 
+// Fills in the topology a configuration leaves to the launcher, from the MPI job. Neither stated:
+// comm.gpus_per_node is the number of ranks on each host (`ranks_per_host`, 0 when the hosts
+// hold different numbers) and comm.num_nodes the world size over it. Only comm.num_nodes stated:
+// comm.gpus_per_node = world size / num_nodes. Only comm.gpus_per_node stated: one node, as
+// validation took it. LY009 when the job cannot be split that way; check_world_size() then
+// checks the result against the job.
+std::optional<Finding> resolve_topology(CommConfig& comm, int mpi_world_size, int ranks_per_host);
+
 // LY009: the job has exactly comm.num_nodes x comm.gpus_per_node ranks.
 std::optional<Finding> check_world_size(const Config& config, int mpi_world_size);
 

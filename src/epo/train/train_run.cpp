@@ -71,27 +71,27 @@ std::filesystem::path save(Trainer& trainer, const config::Config& cfg, comm::Co
 
 }  // namespace
 
-config::ValidationReport prepare_run_config(const config::ConfigSources& sources, int world_size) {
+config::ValidationReport prepare_run_config(const config::ConfigSources& sources,
+                                            const comm::JobShape& job) {
     config::BuiltConfig built = config::build_config(sources);
-    config::Config& c = built.config;
-    // Topology from the MPI job unless the command line named it: `mpirun -np 4 epo train`
-    // runs 4 ranks on one node.
-    if (!sources.harness.num_nodes && !sources.harness.gpus_per_node &&
-        c.comm.num_nodes * c.comm.gpus_per_node != world_size && c.comm.num_nodes > 0 &&
-        world_size % c.comm.num_nodes == 0) {
-        c.comm.gpus_per_node = world_size / c.comm.num_nodes;
-    }
+    // What the configuration leaves unstated comes from the job: `mpirun -np 4 epo train` runs
+    // 4 ranks on one node, `mpirun -H a,b` 2 nodes. A stated topology must match the job.
+    const std::optional<config::Finding> unresolved =
+        config::resolve_topology(built.config.comm, job.world_size, job.ranks_per_host);
     config::ValidationReport report = config::validate(built);
     config::promote_runtime_findings(report);
-    if (auto f = config::check_world_size(report.config, world_size))
+    if (unresolved) {
+        report.errors.push_back(*unresolved);
+    } else if (auto f = config::check_world_size(report.config, job.world_size)) {
         report.errors.push_back(*f);
+    }
     return report;
 }
 
 TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
     const int rank = comm::current_world_rank();
     const config::ValidationReport report =
-        prepare_run_config(options.sources, comm::current_world_size());
+        prepare_run_config(options.sources, comm::current_job_shape());
     if (!report.ok()) {
         std::string ids;
         for (const auto& e : report.errors)
@@ -115,7 +115,7 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
     comm::Communicator control = checkpoint::make_control_communicator(
         comm::ParallelLayout{.world_size = comm::current_world_size(),
                              .expert_model_parallel_size = cfg.model.expert_model_parallel_size,
-                             .gpus_per_node = cfg.comm.gpus_per_node},
+                             .gpus_per_node = config::gpus_per_node(cfg.comm)},
         cfg.comm.timeout_s);
     Trainer trainer(report.config, TrainerOptions{.keep_records = options.keep_records});
     if (cfg.checkpoint.load)

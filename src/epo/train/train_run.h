@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "epo/comm/mpi_runtime.h"
 #include "epo/config/builder.h"
 #include "epo/config/report.h"
 #include "epo/train/trainer.h"
@@ -47,9 +48,11 @@ struct TrainRunResult {
     std::optional<std::filesystem::path> last_checkpoint;  // the last one this call saved
 };
 
-// The finalized, runtime-valid configuration for a job of `world_size` ranks, or an epo::Error
-// (kConfig) whose message lists every error with its id and fix. Every rank computes the same.
-config::ValidationReport prepare_run_config(const config::ConfigSources& sources, int world_size);
+// The finalized configuration for the MPI job `job`, with the topology it leaves to the launcher
+// filled in from the job, and every error (the RT findings promoted to errors) in the report.
+// Every rank computes the same.
+config::ValidationReport prepare_run_config(const config::ConfigSources& sources,
+                                            const comm::JobShape& job);
 
 // Collective over MPI_COMM_WORLD: rank 0 picks the run directory (`out_dir`, or
 // <logger.log_dir>/<time>-<kind><recipe>) and every rank learns it.

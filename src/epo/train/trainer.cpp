@@ -91,7 +91,7 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
 
     const comm::ParallelLayout layout{.world_size = world_size_,
                                       .expert_model_parallel_size = ep_size_,
-                                      .gpus_per_node = cfg.comm.gpus_per_node};
+                                      .gpus_per_node = config::gpus_per_node(cfg.comm)};
     comm::CommOptions comm_options;
     comm_options.timeout_s = cfg.comm.timeout_s;
     comm_options.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
