@@ -15,9 +15,9 @@ namespace epo::bench {
 
 // Link-model accuracy of a series of collectives: measured time / modelled time, two ways.
 //   measured_over_model_*: from this rank's entry (what a caller waits, including a late peer).
-//   from_last_entry_*: from the last rank's entry, where the model's clock starts (runtime.md
-//     §6): entry-to-return minus the arrival wait, so a peer descheduled before it entered (a
-//     loaded machine) does not count against the model.
+//   from_last_entry_*: from the last rank's entry, where the model's clock starts
+//     (docs/runtime.md "Link model"): entry-to-return minus the arrival wait, so a peer
+//     descheduled before it entered (a loaded machine) does not count against the model.
 //   *_within_10pct: share of the operations within +-10% of the model.
 class ModelAccuracy {
 public:

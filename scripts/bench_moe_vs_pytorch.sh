@@ -14,8 +14,9 @@
 #
 # Needs build/release (scripts/build.sh release) and Debian's python3-torch
 # (`scripts/setup.sh peers`). Runs each program under scripts/guarded.sh. PyTorch runs with
-# glibc told to keep and reuse freed memory (MALLOC_MMAP_MAX_=0, as the peer figures in
-# shared/notes were measured: no page faults in its steady state); EPO sets the same itself.
+# glibc told to keep and reuse freed memory (MALLOC_MMAP_MAX_=0, as the PyTorch figures in
+# docs/numerics.md "Measured" were measured: no page faults in its steady state); EPO sets the
+# same itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}

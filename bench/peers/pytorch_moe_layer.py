@@ -15,7 +15,7 @@ Usage: pytorch_moe_layer.py TOKENS [STEPS] [WARMUP]
 Prints one line per timed step: `step <i> wall_ms <ms> cpu_ms <ms> faults <minor faults>`,
 then `median wall_ms <ms> cpu_ms <ms> GFLOP/s(cpu) <x> GFLOP/s(wall) <y>`.
 Run with MALLOC_MMAP_MAX_=0 and a high MALLOC_TRIM_THRESHOLD_ (the wrapper does): glibc then
-keeps and reuses freed memory, as the peer figures in shared/notes were measured; with the
+keeps and reuses freed memory, as the PyTorch figures in docs/numerics.md were measured; with the
 default, PyTorch's large temporaries are mapped and unmapped every step (thousands of page faults
 per step at 4096 tokens).
 """

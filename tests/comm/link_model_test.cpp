@@ -1,4 +1,5 @@
-// The link model's formula (runtime.md §6), its validation, and sleeping to an absolute deadline.
+// The link model's formula (docs/runtime.md "Link model"), its validation, and sleeping to an
+// absolute deadline.
 #include "epo/comm/link_model.h"
 
 #include <gtest/gtest.h>

@@ -103,7 +103,7 @@ std::int64_t tokens_of(const Case& c, int rank) {
     return c.equal_tokens ? 9 : 7 + 2 * rank;  // odd counts
 }
 
-// ---- the layer with expert parallelism, node by node (runtime.md §3) ----
+// ---- the layer with expert parallelism, node by node (docs/design.md "A layer is four nodes")
 
 struct EpState {  // one micro-batch
     Arena arena{"ep test"};
@@ -457,8 +457,8 @@ TEST(MoeLayerEp, MatchesTheSingleRankReference) {
 
 TEST(MoeLayerEp, NodesOnTwoStreamsMatchTheInOrderLayer) {
     // Two micro-batches through the layer's nodes on the compute and comm streams, one event per
-    // micro-batch chaining its nodes across the streams (runtime.md §1), against the same
-    // micro-batches through the nodes in order on one thread: same bits.
+    // micro-batch chaining its nodes across the streams (docs/design.md "Streams and events"),
+    // against the same micro-batches through the nodes in order on one thread: same bits.
     MoeConfig cfg = base_config();
     cfg.shared_expert_size = 8;
     const int n = world_size(), me = world_rank();

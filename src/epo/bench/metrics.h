@@ -1,7 +1,7 @@
-// Measurements of a training run (runtime.md §7), aggregated over the ranks of the MPI job:
-// per step the step time (the slowest rank's), stream busy times, exposed communication,
-// tokens/s, model TFLOP/s per rank, peak memory; per node kind the durations and bytes of its
-// tasks; and the critical-path bound with the overlap efficiency measured against it.
+// Measurements of a training run (docs/bench.md "What it measures"), aggregated over the ranks of
+// the MPI job: per step the step time (the slowest rank's), stream busy times, exposed
+// communication, tokens/s, model TFLOP/s per rank, peak memory; per node kind the durations and
+// bytes of its tasks; and the critical-path bound with the overlap efficiency measured against it.
 //
 // What it deliberately does not do: time anything itself. Every number comes from the Trainer's
 // StepResult and the stream task records (start/end on CLOCK_MONOTONIC, bytes moved by the

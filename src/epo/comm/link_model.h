@@ -1,7 +1,8 @@
-// The link model (runtime.md §6): on one machine MPI moves bytes through shared memory with the
-// CPU, so to measure overlap as a cluster would see it a collective is held until the time the
-// modelled links would have needed. The bytes still really move through MPI; the model only adds
-// the waiting, and the waiting thread sleeps (it never spins on the compute thread's core).
+// The link model (docs/runtime.md "Link model"): on one machine MPI moves bytes through shared
+// memory with the CPU, so to measure overlap as a cluster would see it a collective is held until
+// the time the modelled links would have needed. The bytes still really move through MPI; the model
+// only adds the waiting, and the waiting thread sleeps (it never spins on the compute thread's
+// core).
 //
 // Model: each rank has a full-duplex NIC of bandwidth B_inter to other nodes and a separate
 // intra-node path of bandwidth B_intra. An operation that the LAST rank of its group entered at

@@ -1,4 +1,4 @@
-// The configuration tree of a run (spec config-rules.md §1) and the derived values the runtime
+// The configuration tree of a run (docs/config.md "The tree") and the derived values the runtime
 // reads from it.
 //
 // A Config is plain data: one struct per section, aggregated here, each listing its fields once

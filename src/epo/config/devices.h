@@ -1,4 +1,4 @@
-// Devices and the flex-dispatcher activation step (spec §5).
+// Devices and the flex-dispatcher activation step (docs/config.md "Flex dispatcher activation").
 //
 // The device a config targets is env.gpu: a short id (h100, gb200, cpu, ...) or a full device
 // name as the driver reports it ("NVIDIA H100 80GB HBM3", matched by family prefix). The

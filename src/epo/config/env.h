@@ -1,4 +1,4 @@
-// The stack a configuration is validated for (spec §7), and version comparison.
+// The stack a configuration is validated for (docs/config.md "Targets"), and version comparison.
 //
 // With env.torch_version or env.te_version set, the config targets that declared PyTorch /
 // Transformer Engine stack and the reference's version rules apply (EP005: torch >= 2.6.0;

@@ -1,5 +1,5 @@
-// Finalization of a configuration (spec §2): what a run actually uses, computed from what the
-// user wrote.
+// Finalization of a configuration (docs/config.md "Finalization"): what a run actually uses,
+// computed from what the user wrote.
 //
 // With a comm_overlap section:
 //   1. The section holds the user's values (null = not said). TP overlap asked for but

@@ -1,6 +1,6 @@
-// The performance harness's overrides (spec §8), as library functions that `epo validate`,
-// `epo bench` and `epo train` share. Each field is "not given" when empty; the names are the
-// reference harness's flags (`-tp`, `--moe_a2a_overlap`, ...).
+// The performance harness's overrides (docs/config.md "Where values come from"), as library
+// functions that `epo validate`, `epo bench` and `epo train` share. Each field is "not given" when
+// empty; the names are the reference harness's flags (`-tp`, `--moe_a2a_overlap`, ...).
 //
 // Applied in this fixed order (the reference's):
 //   1. --moe_a2a_overlap true: comm_overlap.overlap_moe_expert_parallel_comm = true and

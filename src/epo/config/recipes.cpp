@@ -10,9 +10,9 @@
 namespace epo::config {
 namespace {
 
-// What every recipe shares (recipes.md): RMSNorm, SwiGLU, rotary embeddings, no linear biases,
-// bf16, parallel sizes 1, EP overlap off, alltoall dispatch. The GPU recipes also carry what
-// Megatron-Bridge's pretraining recipes set for a GPU cluster (distributed optimizer with
+// What every recipe shares (docs/recipes.md): RMSNorm, SwiGLU, rotary embeddings, no linear
+// biases, bf16, parallel sizes 1, EP overlap off, alltoall dispatch. The GPU recipes also carry
+// what Megatron-Bridge's pretraining recipes set for a GPU cluster (distributed optimizer with
 // overlapped grad-reduce/param-gather, fused gradient accumulation, fused permutation) and the
 // reference perf harness's run length (50 iterations, 10 of warm-up).
 Config common_base(std::string_view name) {

@@ -1,4 +1,4 @@
-// Named, complete configurations users start from (spec recipes.md): qwen3-30b-a3b,
+// Named, complete configurations users start from (docs/recipes.md): qwen3-30b-a3b,
 // qwen3-235b-a22b, deepseek-v3, mixtral-8x7b and our own tiny-moe. They are compiled in, so a
 // binary needs no data files. Every later layer (YAML, harness flags, dotted overrides)
 // overrides a recipe's values; see builder.h for the order.

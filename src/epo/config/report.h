@@ -1,5 +1,6 @@
 // The outcome of validating a configuration, and how it is shown: as text (what `epo validate`
-// prints, and what a run logs at start-up per spec §9) and as JSON (`epo validate --json`).
+// prints, and what a run logs at start-up: docs/config.md "What a run logs") and as JSON
+// (`epo validate --json`).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,9 +26,9 @@ struct ValidationReport {
 // fix}], "notes", "config"}.
 nlohmann::ordered_json report_to_json(const ValidationReport& report);
 
-// The start-up log of a run (spec §9): a line saying finalization raised no error (or how many
-// errors), then every field of the finalized configuration as YAML, greppable for
-// `overlap_moe_expert_parallel_comm: true` or `moe_token_dispatcher_type: flex`.
+// The start-up log of a run (docs/config.md "What a run logs"): a line saying finalization raised
+// no error (or how many errors), then every field of the finalized configuration as YAML, greppable
+// for `overlap_moe_expert_parallel_comm: true` or `moe_token_dispatcher_type: flex`.
 std::string format_run_log(const ValidationReport& report);
 
 // Errors and warnings with their ids, fields, values and fixes, then a one-line verdict.

@@ -1,5 +1,6 @@
-// EP-overlap rules (EP001-EP013, spec §3), delayed-wgrad rules (WG001-WG006, §4), flex gating
-// of a built config (FX001/FX002, §5) and the overlap advisories (W005, W011, W012).
+// EP-overlap rules (EP001-EP013), delayed-wgrad rules (WG001-WG006), flex gating of a built config
+// (FX001/FX002) and the overlap advisories (W005, W011, W012); docs/config.md "Rules" describes
+// them and the README's rule reference lists every id.
 //
 // The reference asserts these one by one and stops at the first; here every violated rule is
 // reported. They apply when the finalized model runs EP overlap / delayed wgrad: that is the
@@ -42,7 +43,8 @@ void check_recompute(const RuleContext& ctx) {
     }
 }
 
-// "The weight gradient falls inside a CUDA-graph scope" (spec §4).
+// "The weight gradient falls inside a CUDA-graph scope" (docs/config.md "Weight gradients inside
+// a CUDA-graph scope").
 bool wgrad_in_graph(const ModelConfig& m) {
     return is_graphed(m, "attn") ||
            (is_graphed(m, "moe_router") && m.moe_shared_expert_intermediate_size &&

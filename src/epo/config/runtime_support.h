@@ -1,14 +1,15 @@
-// What our runtime executes (spec §6, "RT" checks): one id per feature it does not execute yet,
-// so nothing a config asks for is silently ignored. `epo validate` lists these as warnings (the
-// config may well be valid for a GPU target); `epo train` / `epo bench` refuse to start with
-// any of them (validate_for_run in validate.h), before any rank does work.
+// What our runtime executes ("RT" checks, docs/config.md "Runtime support (RT)"): one id per
+// feature it does not execute yet, so nothing a config asks for is silently ignored. `epo validate`
+// lists these as warnings (the config may well be valid for a GPU target); `epo train` /
+// `epo bench` refuse to start with any of them (validate_for_run in validate.h), before any rank
+// does work.
 //
 // The set is data: RuntimeCapabilities says which features run. As the runtime gains one, its
 // owner flips the member in RuntimeCapabilities::current() and the id stops being reported.
 // Everything not listed here (EP/DP over MPI, the alltoall dispatcher dropless or with capacity,
 // softmax/sigmoid routers with groups and expert bias, aux/seq-aux/z losses, shared experts, dense
 // layers, EP overlap, delayed wgrad, bf16 with fp32 master weights, GQA, RMSNorm, SwiGLU, rotary
-// embeddings) is the runtime's baseline scope (spec runtime.md).
+// embeddings) is what the runtime has executed from the start, so it needs no id.
 #pragma once
 
 #include <string_view>

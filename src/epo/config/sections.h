@@ -190,8 +190,8 @@ struct LoggerConfig {
     }
 };
 
-// The modelled network (spec runtime.md §6). A null or 0 bandwidth leaves that path unmodelled;
-// with both unmodelled and no latency the link model is off and runs are plain MPI.
+// The modelled network (docs/runtime.md "Link model"). A null or 0 bandwidth leaves that path
+// unmodelled; with both unmodelled and no latency the link model is off and runs are plain MPI.
 struct LinkConfig {
     using IsSection = void;
 
@@ -233,8 +233,8 @@ struct CommConfig {
     }
 };
 
-// The software/hardware stack a config targets (spec §7). With neither version set the target
-// is our own runtime; `gpu` names the device for flex-dispatcher gating (devices.h).
+// The software/hardware stack a config targets (docs/config.md "Targets"). With neither version set
+// the target is our own runtime; `gpu` names the device for flex-dispatcher gating (devices.h).
 struct EnvConfig {
     using IsSection = void;
 

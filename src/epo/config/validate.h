@@ -1,4 +1,4 @@
-// Validation of a configuration: every rule of spec config-rules.md, all violations at once.
+// Validation of a configuration: every rule of docs/config.md "Rules", all violations at once.
 //
 // validate() takes the configuration as built from its sources (builder.h), finalizes a copy
 // (finalize.h), and runs every rule family on the pair (rules.h): errors (EP, WG, FX, LY, MO,

@@ -1,5 +1,6 @@
-// One transformer layer split into the four nodes of runtime.md §3, each with forward, backward
-// (input gradients; weight gradients too unless they are delayed) and backward_dw:
+// One transformer layer split into four nodes (docs/design.md "A layer is four nodes"), each with
+// forward, backward (input gradients; weight gradients too unless they are delayed) and
+// backward_dw:
 //
 //   pre_dispatch  n1 = norm(x); h = x + attention(n1); n2 = norm(h);
 //                 MoE: shared expert, router, dispatch preprocess (local counts), permute

@@ -1,5 +1,5 @@
-// The `alltoall` token dispatcher over the expert-parallel group (runtime.md §2), split into the
-// phases the layer's nodes run on their streams:
+// The `alltoall` token dispatcher over the expert-parallel group, split into the phases the
+// layer's nodes (docs/design.md "A layer is four nodes") run on their streams:
 //
 //   pre_dispatch (compute)  dispatch_preprocess: plan, this rank's per-expert counts, send
 //                           buffers; dispatch_permute: rows (and their weights) into the send

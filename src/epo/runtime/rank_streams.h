@@ -1,6 +1,7 @@
-// The two streams of a rank (runtime.md §1): `compute` and `comm`, each with its own set of
-// communicators, sharing one watchdog. A failure on either ends the whole job with this rank's
-// number and the message (comm::abort_job), since peers may be blocked waiting for this rank.
+// The two streams of a rank (docs/runtime.md "Streams and events"): `compute` and `comm`, each with
+// its own set of communicators, sharing one watchdog. A failure on either ends the whole job with
+// this rank's number and the message (comm::abort_job), since peers may be blocked waiting for this
+// rank.
 //
 // Creating them is collective over `parent` (the job's ranks, MPI_COMM_WORLD unless a test or a
 // harness runs several jobs side by side): call it at start-up, on every rank of `parent`.

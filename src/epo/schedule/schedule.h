@@ -1,7 +1,8 @@
-// The two schedules of runtime.md §4 as data: the exact list of node calls one optimizer step
-// issues, in issue order, each naming its micro-batch, layer, node, phase and stream. The
-// executor (executor.h) walks the list; tests check the order against the specification; the
-// critical-path bound (critical_path.h) replays it with measured durations.
+// The two schedules (docs/design.md "Schedules") as data: the exact list of node calls one
+// optimizer step issues, in issue order, each naming its micro-batch, layer, node, phase and
+// stream. The executor (executor.h) walks the list; tests/schedule/schedule_test.cpp checks the
+// order written out below; the critical-path bound (critical_path.h) replays it with measured
+// durations.
 //
 //   baseline  for each micro-batch: embedding, every layer's forward nodes, output layer and
 //             loss, their backward in reverse (weight gradients right after each dgrad)
@@ -19,7 +20,7 @@
 //
 // Gradient reduction (ddp.overlap_grad_reduce): the data-parallel all-reduce of a bucket of
 // gradients is a comm-stream call of the last micro-batch's backward, issued once the backward
-// has finished every parameter of the bucket (runtime.md §4: it may fire only in that last
+// has finished every parameter of the bucket (a gradient is complete only in that last
 // backward, which both schedules run alone). It goes behind the comm call that the backward
 // issues next, if that comes immediately (so it never delays it), and fills the comm stream's
 // gap while the next compute node runs. Nothing of the micro-batch waits for it; the optimizer
@@ -72,8 +73,8 @@ struct NodeCall {
     bool operator==(const NodeCall&) const = default;
 };
 
-// Which stream a node runs on (runtime.md §3): dispatch, combine, gradient reduction and
-// parameter gather on the comm stream.
+// Which stream a node runs on (docs/design.md "A layer is four nodes"): dispatch, combine,
+// gradient reduction and parameter gather on the comm stream.
 StreamId stream_of(NodeKind node);
 // A side branch of its micro-batch (gradient reduction, parameter gather): the micro-batch's
 // next call does not wait for it.
