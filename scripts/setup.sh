@@ -12,10 +12,10 @@ packages=(
   libopenmpi-dev openmpi-bin          # MPI: the distributed engine (MPICH works too)
   libdnnl-dev ocl-icd-opencl-dev      # oneDNN: bf16/fp32 GEMM (its CMake config requires OpenCL)
   libyaml-cpp-dev nlohmann-json3-dev  # configs in, reports and metadata out
-  libcli11-dev libspdlog-dev libfmt-dev
+  libcli11-dev libfmt-dev             # the command line; message formatting
   libssl-dev                          # SHA-256 checksums of checkpoint files
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format clang-tidy
+  clang-format                        # the formatting check (ctest clang_format)
   python3                             # scripts/sweep_overlap.py (standard library only) and its test
 )
 if [[ "${1:-}" == mpich ]]; then

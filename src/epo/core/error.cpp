@@ -6,12 +6,18 @@ namespace epo {
 
 const char* error_kind_name(ErrorKind kind) {
     switch (kind) {
-        case ErrorKind::kUsage: return "usage error";
-        case ErrorKind::kConfig: return "configuration error";
-        case ErrorKind::kIo: return "I/O error";
-        case ErrorKind::kComm: return "communication error";
-        case ErrorKind::kNumerics: return "numerical error";
-        case ErrorKind::kInternal: return "internal error";
+        case ErrorKind::kUsage:
+            return "usage error";
+        case ErrorKind::kConfig:
+            return "configuration error";
+        case ErrorKind::kIo:
+            return "I/O error";
+        case ErrorKind::kComm:
+            return "communication error";
+        case ErrorKind::kNumerics:
+            return "numerical error";
+        case ErrorKind::kInternal:
+            return "internal error";
     }
     return "error";
 }
@@ -22,7 +28,9 @@ Error::Error(ErrorKind kind, const std::string& message, std::source_location wh
       where_(fmt::format("{}:{}", std::filesystem::path(where.file_name()).filename().string(),
                          where.line())) {}
 
-int exit_status_for(ErrorKind kind) { return kind == ErrorKind::kUsage ? 2 : 1; }
+int exit_status_for(ErrorKind kind) {
+    return kind == ErrorKind::kUsage ? 2 : 1;
+}
 
 namespace detail {
 void check_failed(const char* expr, const std::string& detail, std::source_location where) {

@@ -52,21 +52,21 @@ namespace detail {
 
 // EPO_CHECK(cond, fmt, args...): an internal invariant; failure raises ErrorKind::kInternal with
 // the expression text and the formatted detail. EPO_CHECK_EQ/LT/LE print both values.
-#define EPO_CHECK(cond, ...)                                                         \
-    do {                                                                             \
-        if (!(cond)) [[unlikely]]                                                    \
-            ::epo::detail::check_failed(#cond, ::fmt::format(__VA_ARGS__),           \
-                                        std::source_location::current());            \
+#define EPO_CHECK(cond, ...)                                               \
+    do {                                                                   \
+        if (!(cond)) [[unlikely]]                                          \
+            ::epo::detail::check_failed(#cond, ::fmt::format(__VA_ARGS__), \
+                                        std::source_location::current());  \
     } while (0)
 
-#define EPO_CHECK_OP_(a, b, op)                                                               \
-    do {                                                                                      \
-        const auto& epo_a_ = (a);                                                             \
-        const auto& epo_b_ = (b);                                                             \
-        if (!(epo_a_ op epo_b_)) [[unlikely]]                                                 \
-            ::epo::detail::check_failed(#a " " #op " " #b,                                    \
-                                        ::fmt::format("{} vs {}", epo_a_, epo_b_),            \
-                                        std::source_location::current());                     \
+#define EPO_CHECK_OP_(a, b, op)                                                    \
+    do {                                                                           \
+        const auto& epo_a_ = (a);                                                  \
+        const auto& epo_b_ = (b);                                                  \
+        if (!(epo_a_ op epo_b_)) [[unlikely]]                                      \
+            ::epo::detail::check_failed(#a " " #op " " #b,                         \
+                                        ::fmt::format("{} vs {}", epo_a_, epo_b_), \
+                                        std::source_location::current());          \
     } while (0)
 
 #define EPO_CHECK_EQ(a, b) EPO_CHECK_OP_(a, b, ==)
