@@ -17,7 +17,7 @@
 #include <algorithm>
 
 #include "epo/comm/process_groups.h"
-#include "epo/moe/token_dispatcher.h"
+#include "epo/moe/alltoall_dispatcher.h"
 #include "epo/tensor/random.h"
 #include "mpi_benchmark_main.h"
 
@@ -79,7 +79,7 @@ void BM_DispatchCombineVsRawMpi(benchmark::State& state) {
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
     const Setup s(tokens, me);
     Arena arena;
-    TokenDispatch d;
+    AlltoallDispatch d;
     alltoall::dispatch_preprocess(s.cfg, groups->ep.size(), groups->ep.rank(), s.routing, d, arena);
     alltoall::dispatch_permute(s.routing, s.x, d);
     alltoall::exchange_counts(s.cfg, groups->ep, d, arena);
@@ -154,7 +154,7 @@ void BM_DispatchLinkModel(benchmark::State& state) {
     auto groups = epo::comm::ProcessGroups::create({n, n, 1}, options, "bench", nullptr);
     const Setup s(tokens, me);
     Arena arena;
-    TokenDispatch d;
+    AlltoallDispatch d;
     alltoall::dispatch_preprocess(s.cfg, groups->ep.size(), groups->ep.rank(), s.routing, d, arena);
     alltoall::exchange_counts(s.cfg, groups->ep, d, arena);
     // One untimed dispatch + combine first (MPI's first use of its shared-memory segments).

@@ -1,6 +1,6 @@
-// The MoE layer with expert parallelism (router, shared expert, the alltoall token dispatcher of
-// token_dispatcher.h, this rank's experts; composed node by node as model/transformer_layer.cpp
-// composes it) against a single-rank reference, on real MPI ranks (1-4 ranks, every EP size that
+// The MoE layer with expert parallelism (the production MoE block of moe_block.h: router, shared
+// expert, the configured token dispatcher, this rank's experts, node by node as the model runs
+// it) against a single-rank reference, on real MPI ranks (1-4 ranks, every EP size that
 // divides the world). The reference holds every expert and processes the EP group's tokens with
 // the same per-rank routing (router, capacity and aux losses per rank), in rank order, through
 // the single-rank layer's own phases: each expert sees the same rows in the same order as on its
@@ -12,8 +12,8 @@
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/process_groups.h"
 #include "epo/kernels/rows.h"
+#include "epo/moe/moe_block.h"
 #include "epo/moe/moe_layer.h"
-#include "epo/moe/token_dispatcher.h"
 #include "epo/runtime/rank_streams.h"
 #include "moe/moe_test_util.h"
 
@@ -103,99 +103,80 @@ std::int64_t tokens_of(const Case& c, int rank) {
     return c.equal_tokens ? 9 : 7 + 2 * rank;  // odd counts
 }
 
-// ---- the layer with expert parallelism, node by node (docs/design.md "A layer is four nodes")
+// ---- the layer with expert parallelism: the production MoE block (moe_block.h), node by node
 
 struct EpState {  // one micro-batch
     Arena arena{"ep test"};
-    RouterOutput router;
-    TokenDispatch dispatch;
-    ExpertsContext experts, shared;
-    Tensor shared_out;  // [T, H] f32
-    Tensor dweight;     // [T, K] f32
-    Tensor dx_acc;      // [T, H] f32
+    Arena scratch{"ep test scratch"};
+    MoeBlockState block;
+    Tensor dx_acc;  // [T, H] f32
 };
 
 bool has_shared(const MoeConfig& cfg) {
     return cfg.shared_expert_size > 0;
 }
 
-MoeLosses pre_dispatch(const MoeConfig& cfg, const MoeLayerParams& p, const Tensor& x, EpState& st,
-                       int ep_size, int ep_rank) {
+// The block of this rank's EP group: its weights and the configured dispatcher.
+struct EpBlock {
+    const MoeConfig& cfg;
+    MoeLayerParams& params;
+    std::unique_ptr<TokenDispatcher> dispatcher;
+    EpBlock(const MoeConfig& c, MoeLayerParams& p, int ep_size, int ep_rank)
+        : cfg(c), params(p), dispatcher(make_token_dispatcher(c, ep_size, ep_rank)) {}
+    MoeBlock block() const { return MoeBlock{cfg, params, *dispatcher}; }
+};
+
+MoeLosses pre_dispatch(const EpBlock& b, const Tensor& x, EpState& st) {
     st.arena.reset();
-    if (has_shared(cfg)) {
-        st.shared_out = st.arena.alloc({x.dim(0), cfg.hidden_size}, DType::kF32);
-        shared_expert_forward(p.shared, x, st.shared_out, st.shared, st.arena);
-    } else {
-        st.shared_out = Tensor();
-    }
-    st.router = router_forward(cfg, p.router, x, 1, st.arena);
-    alltoall::dispatch_preprocess(cfg, ep_size, ep_rank, st.router, st.dispatch, st.arena);
-    alltoall::dispatch_permute(st.router, x, st.dispatch);
-    return {st.router.aux_loss, st.router.z_loss};
+    st.scratch.reset();
+    block_pre_dispatch_forward(b.block(), x, 1, st.block, st.arena);
+    return {st.block.router.aux_loss, st.block.router.z_loss};
 }
-void dispatch_node(const MoeConfig& cfg, EpState& st, comm::Communicator& ep) {
-    alltoall::exchange_counts(cfg, ep, st.dispatch, st.arena);
-    alltoall::token_dispatch(ep, st.dispatch);
+void dispatch_node(const EpBlock& b, EpState& st, comm::Communicator& ep) {
+    block_dispatch_forward(b.block(), ep, st.block, st.arena);
 }
-void mlp(const MoeLayerParams& p, EpState& st) {
-    TokenDispatch& d = st.dispatch;
-    alltoall::dispatch_postprocess(d);
-    experts_forward(p.experts, d.expert_segments, d.expert_rows, d.expert_probs, d.expert_out,
-                    st.experts, st.arena);
-    alltoall::combine_preprocess(d);
+void mlp(const EpBlock& b, EpState& st) {
+    block_mlp_forward(b.block(), st.block, st.arena);
 }
-void combine(EpState& st, const Tensor& y, comm::Communicator& ep) {
-    alltoall::token_combine(ep, st.dispatch);
-    alltoall::combine_postprocess(st.dispatch, st.shared_out, y);
+// y [T, H] compute dtype, as the single-rank layer gives it.
+void combine(const EpBlock& b, EpState& st, const Tensor& y, comm::Communicator& ep) {
+    Tensor y32 = st.arena.alloc({y.dim(0), b.cfg.hidden_size}, DType::kF32);
+    block_combine_forward(b.block(), ep, st.block, y32);
+    kernels::store_row(y32.data<float>(), y.raw(), y.dtype(), y.numel());
 }
-void combine_backward_node(const MoeConfig& cfg, const Tensor& dy, EpState& st,
+void combine_backward_node(const EpBlock& b, const Tensor& dy, EpState& st,
                            comm::Communicator& ep) {
-    st.dweight = st.arena.alloc({dy.dim(0), cfg.topk}, DType::kF32);
-    st.dx_acc = st.arena.alloc({dy.dim(0), cfg.hidden_size}, DType::kF32);
-    alltoall::combine_postprocess_backward(dy, st.dispatch, st.arena);
-    alltoall::token_combine_backward(ep, st.dispatch);
+    block_combine_backward(b.block(), ep, dy, st.block, st.arena);
 }
-void mlp_backward(const MoeConfig& cfg, MoeLayerParams& p, EpState& st) {
-    TokenDispatch& d = st.dispatch;
-    alltoall::combine_preprocess_backward(d);
-    experts_backward_dgrad(p.experts, d.d_expert_out, d.d_expert_rows, d.d_expert_probs, st.experts,
-                           st.arena);
-    alltoall::dispatch_postprocess_backward(d);
-    experts_backward_wgrad(p.experts, cfg.gradient_accumulation_fusion, st.experts, st.arena);
+void mlp_backward(const EpBlock& b, EpState& st) {
+    block_mlp_backward(b.block(), st.block, st.arena);
+    block_mlp_backward_dw(b.block(), st.block, st.scratch);
 }
-void dispatch_backward(EpState& st, comm::Communicator& ep) {
-    alltoall::token_dispatch_backward(ep, st.dispatch);
+void dispatch_backward(const EpBlock& b, EpState& st, comm::Communicator& ep) {
+    block_dispatch_backward(b.block(), ep, st.block);
 }
-void pre_dispatch_backward(const MoeConfig& cfg, MoeLayerParams& p, const Tensor& dy,
-                           float loss_grad_scale, EpState& st, const Tensor& dx) {
-    // The single-rank layer's order of additions into dx_acc: unpermute, router, shared expert.
-    alltoall::dispatch_permute_backward(st.dispatch, st.dx_acc, st.dweight);
-    router_backward_dgrad(cfg, p.router, st.dweight, loss_grad_scale, st.router, st.dx_acc,
-                          st.arena);
-    if (has_shared(cfg))
-        shared_expert_backward_dgrad(p.shared, dy, st.dx_acc, st.shared, st.arena);
+void pre_dispatch_backward(const EpBlock& b, float loss_grad_scale, EpState& st, const Tensor& dx) {
+    st.dx_acc = st.arena.alloc({dx.dim(0), b.cfg.hidden_size}, DType::kF32);
+    block_pre_dispatch_backward(b.block(), loss_grad_scale, st.block, st.dx_acc, st.arena,
+                                st.scratch);
     kernels::store_row(st.dx_acc.data<float>(), dx.raw(), dx.dtype(), dx.numel());
-    router_backward_wgrad(cfg, p.router, st.router, st.arena);
-    if (has_shared(cfg)) {
-        shared_expert_backward_wgrad(p.shared, cfg.gradient_accumulation_fusion, st.shared,
-                                     st.arena);
-    }
+    block_pre_dispatch_backward_dw(b.block(), st.block, st.scratch);
 }
 
-MoeLosses forward_ep(const MoeConfig& cfg, const MoeLayerParams& p, const Tensor& x, EpState& st,
-                     const Tensor& y, comm::Communicator& ep) {
-    const MoeLosses losses = pre_dispatch(cfg, p, x, st, ep.size(), ep.rank());
-    dispatch_node(cfg, st, ep);
-    mlp(p, st);
-    combine(st, y, ep);
+MoeLosses forward_ep(const EpBlock& b, const Tensor& x, EpState& st, const Tensor& y,
+                     comm::Communicator& ep) {
+    const MoeLosses losses = pre_dispatch(b, x, st);
+    dispatch_node(b, st, ep);
+    mlp(b, st);
+    combine(b, st, y, ep);
     return losses;
 }
-void backward_ep(const MoeConfig& cfg, MoeLayerParams& p, const Tensor& dy, float scale,
-                 EpState& st, const Tensor& dx, comm::Communicator& ep) {
-    combine_backward_node(cfg, dy, st, ep);
-    mlp_backward(cfg, p, st);
-    dispatch_backward(st, ep);
-    pre_dispatch_backward(cfg, p, dy, scale, st, dx);
+void backward_ep(const EpBlock& b, const Tensor& dy, float scale, EpState& st, const Tensor& dx,
+                 comm::Communicator& ep) {
+    combine_backward_node(b, dy, st, ep);
+    mlp_backward(b, st);
+    dispatch_backward(b, st, ep);
+    pre_dispatch_backward(b, scale, st, dx);
 }
 
 // This rank's parameters: the full layer's router and shared expert, and experts
@@ -396,8 +377,9 @@ void run_case(const Case& c, int ep_size) {
     const RankData mine = rank_data(c, me);
     EpState st;
     Tensor y = Tensor::empty(mine.x.shape(), dt), dx = Tensor::empty(mine.x.shape(), dt);
-    const MoeLosses losses = forward_ep(cfg, params, mine.x, st, y, groups->ep);
-    backward_ep(cfg, params, mine.dy, kLossGradScale, st, dx, groups->ep);
+    const EpBlock block(cfg, params, ep_size, ep_rank);
+    const MoeLosses losses = forward_ep(block, mine.x, st, y, groups->ep);
+    backward_ep(block, mine.dy, kLossGradScale, st, dx, groups->ep);
 
     // Reference for this rank's EP group.
     const auto& members = groups->ep.members().world_ranks;
@@ -482,14 +464,15 @@ TEST(MoeLayerEp, NodesOnTwoStreamsMatchTheInOrderLayer) {
     std::vector<Tensor> y_ref, dx_ref;
     {
         auto groups = comm::ProcessGroups::create(layout, options, "in order", nullptr);
+        const EpBlock block(cfg, in_order, n, me);
         std::vector<EpState> st(kMicroBatches);
         for (int m = 0; m < kMicroBatches; ++m) {
             y_ref.push_back(new_tensor(m));
-            forward_ep(cfg, in_order, x[m], st[m], y_ref[m], groups->ep);
+            forward_ep(block, x[m], st[m], y_ref[m], groups->ep);
         }
         for (int m = 0; m < kMicroBatches; ++m) {
             dx_ref.push_back(new_tensor(m));
-            backward_ep(cfg, in_order, dy[m], kLossGradScale, st[m], dx_ref[m], groups->ep);
+            backward_ep(block, dy[m], kLossGradScale, st[m], dx_ref[m], groups->ep);
         }
     }
 
@@ -500,6 +483,7 @@ TEST(MoeLayerEp, NodesOnTwoStreamsMatchTheInOrderLayer) {
         dx.push_back(new_tensor(m));
     }
     {
+        const EpBlock block(cfg, streamed, n, me);
         auto streams = runtime::make_rank_streams(layout, options);
         runtime::Stream& compute = *streams.compute;
         runtime::Stream& comm = *streams.comm;
@@ -514,27 +498,29 @@ TEST(MoeLayerEp, NodesOnTwoStreamsMatchTheInOrderLayer) {
             s.record(ev[m]);
         };
         for (int m = 0; m < kMicroBatches; ++m) {
-            node(compute, m, "pre_dispatch", [&, m](runtime::StreamContext& sc) {
-                pre_dispatch(cfg, streamed, x[m], ctx[m], sc.comm().ep.size(), sc.comm().ep.rank());
-            });
+            node(compute, m, "pre_dispatch",
+                 [&, m](runtime::StreamContext&) { pre_dispatch(block, x[m], ctx[m]); });
         }
         for (int m = 0; m < kMicroBatches; ++m) {
-            node(comm, m, "dispatch",
-                 [&, m](runtime::StreamContext& sc) { dispatch_node(cfg, ctx[m], sc.comm().ep); });
-            node(compute, m, "mlp", [&, m](runtime::StreamContext&) { mlp(streamed, ctx[m]); });
-            node(comm, m, "combine",
-                 [&, m](runtime::StreamContext& sc) { combine(ctx[m], y[m], sc.comm().ep); });
+            node(comm, m, "dispatch", [&, m](runtime::StreamContext& sc) {
+                dispatch_node(block, ctx[m], sc.comm().ep);
+            });
+            node(compute, m, "mlp", [&, m](runtime::StreamContext&) { mlp(block, ctx[m]); });
+            node(comm, m, "combine", [&, m](runtime::StreamContext& sc) {
+                combine(block, ctx[m], y[m], sc.comm().ep);
+            });
         }
         for (int m = 0; m < kMicroBatches; ++m) {
             node(comm, m, "combine backward", [&, m](runtime::StreamContext& sc) {
-                combine_backward_node(cfg, dy[m], ctx[m], sc.comm().ep);
+                combine_backward_node(block, dy[m], ctx[m], sc.comm().ep);
             });
             node(compute, m, "mlp backward",
-                 [&, m](runtime::StreamContext&) { mlp_backward(cfg, streamed, ctx[m]); });
-            node(comm, m, "dispatch backward",
-                 [&, m](runtime::StreamContext& sc) { dispatch_backward(ctx[m], sc.comm().ep); });
+                 [&, m](runtime::StreamContext&) { mlp_backward(block, ctx[m]); });
+            node(comm, m, "dispatch backward", [&, m](runtime::StreamContext& sc) {
+                dispatch_backward(block, ctx[m], sc.comm().ep);
+            });
             node(compute, m, "pre_dispatch backward", [&, m](runtime::StreamContext&) {
-                pre_dispatch_backward(cfg, streamed, dy[m], kLossGradScale, ctx[m], dx[m]);
+                pre_dispatch_backward(block, kLossGradScale, ctx[m], dx[m]);
             });
         }
         streams.synchronize();

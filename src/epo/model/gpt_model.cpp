@@ -1,5 +1,6 @@
 #include "epo/model/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -74,6 +75,7 @@ void StatePool<State>::account(State* s) {
 
 template class StatePool<LayerState>;
 template class StatePool<OutputState>;
+template class StatePool<HandoffState>;
 
 GptModel::GptModel(const GptShape& shape)
     : shape_(shape),
@@ -109,13 +111,11 @@ GptModel::GptModel(const GptShape& shape)
         output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);
         dense_params_.push_back(&output_);
     }
-    slots_.resize(2);
-    for (MicroBatch& m : slots_) {
-        m.layers.assign(static_cast<size_t>(shape.num_layers), nullptr);
-        for (Tensor& g : m.grad)
-            g = Tensor::zeros({shape.tokens(), shape.hidden}, DType::kF32);
-    }
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
+    if (std::find(shape.moe_layers.begin(), shape.moe_layers.end(), true) !=
+        shape.moe_layers.end()) {
+        dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank);
+    }
 }
 
 std::vector<Param*> GptModel::all_params() const {
@@ -181,6 +181,10 @@ void GptModel::init_weights(uint64_t seed) {
 void GptModel::begin_step(std::vector<std::vector<int32_t>> tokens,
                           std::vector<std::vector<int32_t>> labels, float loss_grad_scale) {
     EPO_CHECK_EQ(tokens.size(), labels.size());
+    EPO_CHECK(num_in_flight() == 0,
+              "a step begins while {} micro-batch(es) of the last one are "
+              "in flight",
+              num_in_flight());
     step_tokens_ = std::move(tokens);
     step_labels_ = std::move(labels);
     loss_grad_scale_ = loss_grad_scale;
@@ -189,10 +193,31 @@ void GptModel::begin_step(std::vector<std::vector<int32_t>> tokens,
         s = LayerStepStats{};
         s.routed_counts.assign(static_cast<size_t>(shape_.moe.num_experts), 0);
     }
+    const auto positions = static_cast<size_t>(shape_.num_layers + 1);
+    while (micro_batches_.size() < step_tokens_.size()) {
+        MicroBatch m;
+        m.layers.assign(static_cast<size_t>(shape_.num_layers), nullptr);
+        m.x.assign(positions, nullptr);
+        m.dx.assign(positions, nullptr);
+        micro_batches_.push_back(std::move(m));
+    }
+}
+
+int GptModel::num_in_flight() const {
+    int n = 0;
+    for (const MicroBatch& m : micro_batches_) {
+        const auto used = [](const auto& v) {
+            return std::any_of(v.begin(), v.end(), [](const auto* s) { return s != nullptr; });
+        };
+        n += used(m.layers) || used(m.x) || used(m.dx) || m.output != nullptr;
+    }
+    return n;
 }
 
 GptModel::MicroBatch& GptModel::micro_batch(int mb) {
-    return slots_[static_cast<size_t>(mb % 2)];
+    EPO_CHECK(mb >= 0 && static_cast<size_t>(mb) < step_tokens_.size(),
+              "micro-batch {} of a step with {}", mb, step_tokens_.size());
+    return micro_batches_[static_cast<size_t>(mb)];
 }
 
 LayerState& GptModel::layer_state(MicroBatch& m, int l) {
@@ -206,66 +231,64 @@ void GptModel::release_layer(MicroBatch& m, int l) {
     LayerState*& s = m.layers[static_cast<size_t>(l)];
     layer_pool_.release(s);
     s = nullptr;
+    // Its input goes with it (the backward that needed it is done), and the gradient it
+    // consumed: nothing below reads the gradient of position l + 1.
+    release_handoff(m.x, l);
+    release_handoff(m.dx, l + 1);
 }
 
-void GptModel::account(MicroBatch& m, int l) {
-    // The node may have written to its own layer's state and to the next layer's input.
-    for (int i : {l, l + 1}) {
-        if (i >= 0 && i < shape_.num_layers && m.layers[static_cast<size_t>(i)] != nullptr) {
-            layer_pool_.account(m.layers[static_cast<size_t>(i)]);
+Tensor GptModel::handoff(std::vector<HandoffState*>& slots, int position) {
+    HandoffState*& h = slots[static_cast<size_t>(position)];
+    EPO_CHECK(h == nullptr, "hand-off tensor of position {} written twice", position);
+    h = handoff_pool_.acquire();
+    h->t = h->arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+    return h->t;
+}
+
+void GptModel::release_handoff(std::vector<HandoffState*>& slots, int position) {
+    HandoffState*& h = slots[static_cast<size_t>(position)];
+    if (h != nullptr) {
+        handoff_pool_.release(h);
+        h = nullptr;
+    }
+}
+
+void GptModel::account(MicroBatch& m) {
+    // A node writes to its own states and to the hand-off tensors next to it; accounting every
+    // live state of the micro-batch is a few atomic adds.
+    for (LayerState* s : m.layers) {
+        if (s != nullptr)
+            layer_pool_.account(s);
+    }
+    for (auto* slots : {&m.x, &m.dx}) {
+        for (HandoffState* h : *slots) {
+            if (h != nullptr)
+                handoff_pool_.account(h);
         }
     }
     if (m.output != nullptr)
         output_pool_.account(m.output);
 }
 
-Tensor GptModel::layer_output(MicroBatch& m, int l) {
-    const Shape shape{shape_.tokens(), shape_.hidden};
-    if (l + 1 < shape_.num_layers) {
-        LayerState& next = layer_state(m, l + 1);
-        next.x = next.arena.alloc(shape, DType::kF32);
-        return next.x;
-    }
-    EPO_CHECK(m.output == nullptr, "output state of a micro-batch still in use");
-    m.output = output_pool_.acquire();
-    m.output->x = m.output->arena.alloc(shape, DType::kF32);
-    return m.output->x;
-}
-
-void GptModel::finish_layer_output(MicroBatch& m, int l) {
-    if (l + 1 < shape_.num_layers)
-        return;
-    OutputState& o = *m.output;
-    o.normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, shape_.compute_dtype);
-    o.rstd = o.arena.alloc({shape_.tokens()}, DType::kF32);
-    rmsnorm_forward(o.x, final_norm_, shape_.norm_eps, o.normed, o.rstd);
-}
-
-void GptModel::final_norm_backward(MicroBatch& m, Arena& scratch) {
-    OutputState& o = *m.output;
-    const Tensor& d_last = m.grad[shape_.num_layers % 2];
-    d_last.fill_zero();
-    Tensor ws = scratch.alloc({shape_.hidden}, DType::kF32);
-    rmsnorm_backward(o.x, final_norm_, o.rstd, o.d_normed, d_last, ws);
-    output_pool_.release(m.output);
-    m.output = nullptr;
-}
-
 void GptModel::embedding_forward(int mb, MicroBatch& m) {
-    for (const LayerState* s : m.layers) {
-        EPO_CHECK(s == nullptr, "micro-batch {} starts while its slot is still in use", mb);
-    }
-    LayerState& first = layer_state(m, 0);
-    first.x = first.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
-    model::embedding_forward(embedding_, step_tokens_[static_cast<size_t>(mb)], first.x);
+    EPO_CHECK(m.x[0] == nullptr, "micro-batch {} starts while its states are still in use", mb);
+    model::embedding_forward(embedding_, step_tokens_[static_cast<size_t>(mb)], handoff(m.x, 0));
 }
 
 void GptModel::embedding_backward(int mb, MicroBatch& m) {
-    model::embedding_backward(embedding_, step_tokens_[static_cast<size_t>(mb)], m.grad[0]);
+    model::embedding_backward(embedding_, step_tokens_[static_cast<size_t>(mb)], m.dx[0]->t);
+    release_handoff(m.dx, 0);
 }
 
+// The output position: final norm, output layer (the embedding when tied) and loss.
 void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch) {
+    EPO_CHECK(m.output == nullptr, "output state of micro-batch {} still in use", mb);
+    m.output = output_pool_.acquire();
     OutputState& o = *m.output;
+    const Tensor& x = m.x[static_cast<size_t>(shape_.num_layers)]->t;
+    o.normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, shape_.compute_dtype);
+    o.rstd = o.arena.alloc({shape_.tokens()}, DType::kF32);
+    rmsnorm_forward(x, final_norm_, shape_.norm_eps, o.normed, o.rstd);
     const Param& w = shape_.tie_embeddings ? embedding_ : output_;
     results_[static_cast<size_t>(mb)].lm_loss =
         lm_head_forward(w, o.normed, step_labels_[static_cast<size_t>(mb)], loss_grad_scale_,
@@ -278,6 +301,15 @@ void GptModel::output_backward(MicroBatch& m, Arena& scratch) {
     o.d_normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
     lm_head_backward_dgrad(w, o.head, o.d_normed);
     lm_head_backward_wgrad(w, shape_.gradient_accumulation_fusion, o.head, scratch);
+    const int last = static_cast<int>(shape_.num_layers);
+    const Tensor d_last = handoff(m.dx, last);
+    d_last.fill_zero();  // rmsnorm_backward accumulates
+    Tensor ws = scratch.alloc({shape_.hidden}, DType::kF32);
+    rmsnorm_backward(m.x[static_cast<size_t>(last)]->t, final_norm_, o.rstd, o.d_normed, d_last,
+                     ws);
+    output_pool_.release(m.output);
+    m.output = nullptr;
+    release_handoff(m.x, last);
 }
 
 void GptModel::run(const schedule::NodeCall& c, comm::Communicator& ep, Arena& scratch) {
@@ -285,7 +317,10 @@ void GptModel::run(const schedule::NodeCall& c, comm::Communicator& ep, Arena& s
     using schedule::Phase;
     scratch.reset();
     MicroBatch& m = micro_batch(c.micro_batch);
-    const NodeArgs args{&ep, &scratch, loss_grad_scale_};
+    const NodeArgs args{.ep = &ep,
+                        .dispatcher = dispatcher_.get(),
+                        .scratch = &scratch,
+                        .loss_grad_scale = loss_grad_scale_};
     if (c.node == NodeKind::kEmbedding) {
         if (c.phase == Phase::kForward) {
             embedding_forward(c.micro_batch, m);
@@ -301,25 +336,27 @@ void GptModel::run(const schedule::NodeCall& c, comm::Communicator& ep, Arena& s
     } else {
         run_layer(c, m, args);
     }
-    account(m, c.layer < 0 ? (c.node == NodeKind::kEmbedding ? -1 : shape_.num_layers) : c.layer);
+    account(m);
 }
 
 void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeArgs& a) {
     using schedule::NodeKind;
     using schedule::Phase;
     const int l = c.layer;
-    const LayerShape& s = layer_shapes_[static_cast<size_t>(l)];
-    LayerParams& p = layers_[static_cast<size_t>(l)];
+    const auto at = static_cast<size_t>(l);
+    const LayerShape& s = layer_shapes_[at];
+    LayerParams& p = layers_[at];
     LayerState& st = layer_state(m, l);
-    const Tensor& d_out = m.grad[(l + 1) % 2];
-    const bool last = l + 1 == shape_.num_layers;
     const bool wgrad = !c.wgrad_delayed;
+    // The layer's output, produced by its last forward node (combine, or mlp for a dense layer).
+    const auto output = [&] { return handoff(m.x, l + 1); };
     switch (c.node) {
         case NodeKind::kPreDispatch:
             if (c.phase == Phase::kForward) {
-                pre_dispatch_forward(s, p, rope_, st, layer_stats_[static_cast<size_t>(l)], a);
+                st.x = m.x[at]->t;
+                pre_dispatch_forward(s, p, rope_, st, layer_stats_[at], a);
             } else if (c.phase == Phase::kBackward) {
-                pre_dispatch_backward(s, p, rope_, st, d_out, m.grad[l % 2], wgrad, a);
+                pre_dispatch_backward(s, p, rope_, st, m.dx[at + 1]->t, handoff(m.dx, l), wgrad, a);
                 if (wgrad)
                     release_layer(m, l);
             } else {
@@ -328,34 +365,75 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
             }
             return;
         case NodeKind::kDispatch:
-            c.phase == Phase::kForward ? dispatch_forward(s, st, a) : dispatch_backward(st, a);
+            c.phase == Phase::kForward ? dispatch_forward(s, p, st, a)
+                                       : dispatch_backward(s, p, st, a);
             return;
         case NodeKind::kMlp:
             if (c.phase == Phase::kForward) {
-                mlp_forward(s, p, st, s.is_moe ? Tensor() : layer_output(m, l), a);
-                if (!s.is_moe)
-                    finish_layer_output(m, l);
+                mlp_forward(s, p, st, s.is_moe ? Tensor() : output(), a);
             } else if (c.phase == Phase::kBackward) {
-                if (last && !s.is_moe)
-                    final_norm_backward(m, *a.scratch);
-                mlp_backward(s, p, st, d_out, wgrad, a);
+                mlp_backward(s, p, st, m.dx[at + 1]->t, wgrad, a);
             } else {
                 mlp_backward_dw(s, p, st, a);
             }
             return;
         case NodeKind::kCombine:
             if (c.phase == Phase::kForward) {
-                combine_forward(s, st, layer_output(m, l), a);
-                finish_layer_output(m, l);
+                combine_forward(s, p, st, output(), a);
             } else {
-                if (last)
-                    final_norm_backward(m, *a.scratch);
-                combine_backward(st, d_out, a);
+                combine_backward(s, p, st, m.dx[at + 1]->t, a);
             }
             return;
         default:
             EPO_CHECK(false, "node {} is not a layer node", schedule::node_name(c.node));
     }
+}
+
+void GptModel::forward(int mb, comm::Communicator& ep, Arena& scratch) {
+    using schedule::NodeKind;
+    using schedule::Phase;
+    const auto call = [&](int layer, NodeKind node, Phase phase) {
+        run(schedule::NodeCall{.micro_batch = mb, .layer = layer, .node = node, .phase = phase}, ep,
+            scratch);
+    };
+    const auto L = static_cast<int>(shape_.num_layers);
+    const auto is_moe = [&](int l) { return layer_shapes_[static_cast<size_t>(l)].is_moe; };
+    call(-1, NodeKind::kEmbedding, Phase::kForward);
+    for (int l = 0; l < L; ++l) {
+        call(l, NodeKind::kPreDispatch, Phase::kForward);
+        if (is_moe(l))
+            call(l, NodeKind::kDispatch, Phase::kForward);
+        call(l, NodeKind::kMlp, Phase::kForward);
+        if (is_moe(l))
+            call(l, NodeKind::kCombine, Phase::kForward);
+    }
+    call(-1, NodeKind::kOutput, Phase::kForward);
+}
+
+void GptModel::backward(int mb, comm::Communicator& ep, Arena& scratch) {
+    using schedule::NodeKind;
+    using schedule::Phase;
+    const auto call = [&](int layer, NodeKind node, Phase phase) {
+        run(schedule::NodeCall{.micro_batch = mb, .layer = layer, .node = node, .phase = phase}, ep,
+            scratch);
+    };
+    const auto L = static_cast<int>(shape_.num_layers);
+    const auto is_moe = [&](int l) { return layer_shapes_[static_cast<size_t>(l)].is_moe; };
+    call(-1, NodeKind::kOutput, Phase::kBackward);
+    for (int l = L - 1; l >= 0; --l) {
+        if (is_moe(l))
+            call(l, NodeKind::kCombine, Phase::kBackward);
+        call(l, NodeKind::kMlp, Phase::kBackward);
+        if (is_moe(l))
+            call(l, NodeKind::kDispatch, Phase::kBackward);
+        call(l, NodeKind::kPreDispatch, Phase::kBackward);
+    }
+    call(-1, NodeKind::kEmbedding, Phase::kBackward);
+}
+
+void GptModel::forward_backward(int mb, comm::Communicator& ep, Arena& scratch) {
+    forward(mb, ep, scratch);
+    backward(mb, ep, scratch);
 }
 
 }  // namespace epo::model

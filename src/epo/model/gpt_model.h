@@ -4,11 +4,19 @@
 //   forward:  x0 = embed(tokens); x_{l+1} = layer_l(x_l); loss = CE(Wout norm(x_L), labels)
 //   backward: the same list reversed; every weight gradient accumulates into its main_grad
 //
+// Model positions, each with its own node functions: the embedding (-1), the layers 0..L-1 and
+// the output position L (final norm, output layer and loss). Between positions the activations
+// and their gradients travel in explicit hand-off tensors: x[l] is the input of position l (x[L]
+// the final norm's), dx[l] its gradient.
+//
 // The model runs one schedule::NodeCall at a time (run()), on whichever stream the schedule
-// put it; it keeps each micro-batch's activations in its own states, so the overlap schedule can
-// have two micro-batches in flight through one set of weights. Activation memory is taken from
-// pools as a layer's forward starts and given back when its backward is done; the pools report
-// the bytes in use and their peak (the "peak activation bytes" metric).
+// put it; every micro-batch of the step has its own states, so any number of micro-batches can
+// be between forward and backward at once through one set of weights (the overlap schedule has
+// two, a pipeline schedule more). Layer states, output states and hand-off tensors come from
+// pools as a micro-batch's forward reaches them and go back when its backward is done; the pools
+// report the bytes in use and their peak (the "peak activation bytes" metric).
+// forward_backward() is the same work as a straight list of calls, one micro-batch after
+// another on the calling thread: the reference both schedules are tested against.
 //
 // Letters: T tokens per micro-batch (micro_batch_size x seq_length), H hidden, V vocabulary,
 // L layers.
@@ -57,15 +65,23 @@ struct GptShape {
 // The model shape a finalized configuration describes, for this rank's place in the EP group.
 GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_rank);
 
-// Activations of one micro-batch after the last layer: the final norm and the loss head.
+// Activations of one micro-batch at the output position: the final norm and the loss head (its
+// input is the hand-off tensor x[L]).
 struct OutputState {
     Arena arena{"output activations"};
     size_t reported_bytes = 0;
-    Tensor x;       // (T, H) f32 output of the last layer
     Tensor normed;  // (T, H) compute dtype
     Tensor rstd;    // (T) f32
     LmHeadContext head;
     Tensor d_normed;  // (T, H) f32 gradient of the final-norm output
+};
+
+// A hand-off tensor between two model positions: (T, H) f32, in an arena of its own so that a
+// pool can reuse its memory.
+struct HandoffState {
+    Arena arena{"hand-off tensors"};
+    size_t reported_bytes = 0;
+    Tensor t;  // (T, H) f32
 };
 
 // Activation bytes held by all states of a model, and their peak (both streams update it).
@@ -130,8 +146,16 @@ public:
     void begin_step(std::vector<std::vector<int32_t>> tokens,
                     std::vector<std::vector<int32_t>> labels, float loss_grad_scale);
     // Executes one node call. `ep` is the EP communicator of the stream it runs on, `scratch`
-    // that stream's scratch arena.
+    // that stream's scratch arena. Micro-batch indices run from 0 to the step's count - 1.
     void run(const schedule::NodeCall& call, comm::Communicator& ep, Arena& scratch);
+    // Micro-batch `mb`'s forward and backward as a straight list (embedding, each layer's nodes,
+    // output; then the same reversed, weight gradients right after each dgrad), on the calling
+    // thread with `ep` for every node. forward_backward() is forward() then backward().
+    void forward(int mb, comm::Communicator& ep, Arena& scratch);
+    void backward(int mb, comm::Communicator& ep, Arena& scratch);
+    void forward_backward(int mb, comm::Communicator& ep, Arena& scratch);
+    // Micro-batches with a forward begun and a backward not finished.
+    int num_in_flight() const;
     // After the step's nodes finished.
     const std::vector<MicroBatchResult>& results() const { return results_; }
     const std::vector<LayerStepStats>& layer_stats() const { return layer_stats_; }
@@ -142,19 +166,21 @@ public:
     void reset_activation_peak() { meter_.peak.store(meter_.bytes.load()); }
 
 private:
+    // One micro-batch in flight: its states and hand-off tensors, null / undefined outside their
+    // lifetimes. Position p's input x[p] lives from the forward that produces it until p's
+    // backward is done; dx[p] from p's backward until the position below has consumed it.
     struct MicroBatch {
-        std::vector<LayerState*> layers;  // [L], null outside the layer's lifetime
+        std::vector<LayerState*> layers;  // [L]
         OutputState* output = nullptr;
-        Tensor grad[2];  // (T, H) f32: layer l reads grad[(l+1)%2], writes grad[l%2]
+        std::vector<HandoffState*> x, dx;  // [L + 1] each
     };
 
     MicroBatch& micro_batch(int mb);
-    LayerState& layer_state(MicroBatch& m, int l);  // acquires on first use
-    Tensor layer_output(MicroBatch& m, int l);      // x of layer l+1, or the output state's x
-    void finish_layer_output(MicroBatch& m, int l);
-    void final_norm_backward(MicroBatch& m, Arena& scratch);
+    LayerState& layer_state(MicroBatch& m, int l);                    // acquires on first use
+    Tensor handoff(std::vector<HandoffState*>& slots, int position);  // acquires
+    void release_handoff(std::vector<HandoffState*>& slots, int position);
     void release_layer(MicroBatch& m, int l);
-    void account(MicroBatch& m, int l);
+    void account(MicroBatch& m);
 
     void embedding_forward(int mb, MicroBatch& m);
     void embedding_backward(int mb, MicroBatch& m);
@@ -170,11 +196,13 @@ private:
     Param final_norm_;
     Param output_;
     std::vector<Param*> dense_params_, expert_params_;
+    std::unique_ptr<moe::TokenDispatcher> dispatcher_;  // with MoE layers
 
-    std::vector<MicroBatch> slots_;  // two: at most two micro-batches are ever in flight
+    std::vector<MicroBatch> micro_batches_;  // one per micro-batch of the step (grown, kept)
     ActivationMeter meter_;
     StatePool<LayerState> layer_pool_{meter_};
     StatePool<OutputState> output_pool_{meter_};
+    StatePool<HandoffState> handoff_pool_{meter_};
     std::vector<std::vector<int32_t>> step_tokens_, step_labels_;
     float loss_grad_scale_ = 1.0f;
     std::vector<MicroBatchResult> results_;

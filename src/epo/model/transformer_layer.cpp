@@ -25,6 +25,13 @@ void rename(Param& p, const std::string& name) {
     p.name = name;
 }
 
+// The layer's MoE block. Its forward nodes only read the weights (the const_cast lets one
+// MoeBlock serve the forward and the weight-gradient nodes).
+moe::MoeBlock block_of(const LayerShape& s, const LayerParams& p, const NodeArgs& a) {
+    EPO_CHECK(a.dispatcher != nullptr, "an MoE layer's node without a token dispatcher");
+    return moe::MoeBlock{s.moe, const_cast<moe::MoeLayerParams&>(p.moe), *a.dispatcher};
+}
+
 }  // namespace
 
 LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
@@ -94,24 +101,18 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
     if (!s.is_moe)
         return;
 
-    if (s.moe.shared_expert_size > 0) {
-        st.shared_out = ar.alloc({T, H}, DType::kF32);
-        moe::shared_expert_forward(p.moe.shared, st.n2, st.shared_out, st.shared, ar);
-    }
-    st.router = moe::router_forward(s.moe, p.moe.router, st.n2, s.num_sequences, ar);
-    stats.aux_loss += st.router.aux_loss;
-    stats.z_loss += st.router.z_loss;
+    moe::block_pre_dispatch_forward(block_of(s, p, a), st.n2, s.num_sequences, st.moe, ar);
+    const moe::RouterOutput& router = st.moe.router;
+    stats.aux_loss += router.aux_loss;
+    stats.z_loss += router.z_loss;
     for (size_t e = 0; e < stats.routed_counts.size(); ++e) {
-        stats.routed_counts[e] += st.router.routed_counts[e];
+        stats.routed_counts[e] += router.routed_counts[e];
     }
-    moe::alltoall::dispatch_preprocess(s.moe, a.ep->size(), a.ep->rank(), st.router, st.dispatch,
-                                       ar);
-    moe::alltoall::dispatch_permute(st.router, st.n2, st.dispatch);
 }
 
-void dispatch_forward(const LayerShape& s, LayerState& st, const NodeArgs& a) {
-    moe::alltoall::exchange_counts(s.moe, *a.ep, st.dispatch, st.arena);
-    moe::alltoall::token_dispatch(*a.ep, st.dispatch);
+void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                      const NodeArgs& a) {
+    moe::block_dispatch_forward(block_of(s, p, a), *a.ep, st.moe, st.arena);
 }
 
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
@@ -122,25 +123,21 @@ void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, cons
         add_into(st.h, y, out);
         return;
     }
-    moe::TokenDispatch& d = st.dispatch;
-    moe::alltoall::dispatch_postprocess(d);
-    moe::experts_forward(p.moe.experts, d.expert_segments, d.expert_rows, d.expert_probs,
-                         d.expert_out, st.experts, st.arena);
-    moe::alltoall::combine_preprocess(d);
+    moe::block_mlp_forward(block_of(s, p, a), st.moe, st.arena);
 }
 
-void combine_forward(const LayerShape& s, LayerState& st, const Tensor& out, const NodeArgs& a) {
-    moe::alltoall::token_combine(*a.ep, st.dispatch);
+void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
+                     const NodeArgs& a) {
     Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
-    moe::alltoall::combine_postprocess(st.dispatch, st.shared_out, y);
+    moe::block_combine_forward(block_of(s, p, a), *a.ep, st.moe, y);
     add_into(st.h, y, out);
 }
 
-void combine_backward(LayerState& st, const Tensor& d_out, const NodeArgs& a) {
+void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                      const Tensor& d_out, const NodeArgs& a) {
     st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
     to_compute(d_out, st.d_out_c);
-    moe::alltoall::combine_postprocess_backward(st.d_out_c, st.dispatch, st.arena);
-    moe::alltoall::token_combine_backward(*a.ep, st.dispatch);
+    moe::block_combine_backward(block_of(s, p, a), *a.ep, st.d_out_c, st.moe, st.arena);
 }
 
 void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
@@ -151,11 +148,7 @@ void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Ten
         st.dn2 = st.arena.alloc_zeros({s.tokens, s.hidden}, DType::kF32);
         moe::shared_expert_backward_dgrad(p.dense, st.d_out_c, st.dn2, st.mlp, st.arena);
     } else {
-        moe::TokenDispatch& d = st.dispatch;
-        moe::alltoall::combine_preprocess_backward(d);
-        moe::experts_backward_dgrad(p.moe.experts, d.d_expert_out, d.d_expert_rows,
-                                    d.d_expert_probs, st.experts, st.arena);
-        moe::alltoall::dispatch_postprocess_backward(d);
+        moe::block_mlp_backward(block_of(s, p, a), st.moe, st.arena);
     }
     if (with_wgrad)
         mlp_backward_dw(s, p, st, a);
@@ -166,12 +159,13 @@ void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const 
     if (!s.is_moe) {
         moe::shared_expert_backward_wgrad(p.dense, fusion, st.mlp, *a.scratch);
     } else {
-        moe::experts_backward_wgrad(p.moe.experts, fusion, st.experts, *a.scratch);
+        moe::block_mlp_backward_dw(block_of(s, p, a), st.moe, *a.scratch);
     }
 }
 
-void dispatch_backward(LayerState& st, const NodeArgs& a) {
-    moe::alltoall::token_dispatch_backward(*a.ep, st.dispatch);
+void dispatch_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                       const NodeArgs& a) {
+    moe::block_dispatch_backward(block_of(s, p, a), *a.ep, st.moe);
 }
 
 void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable& rope,
@@ -180,16 +174,9 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
     const int64_t T = s.tokens, H = s.hidden;
     Arena& scratch = *a.scratch;
     if (s.is_moe) {
-        // dn2 = unpermute + router dgrad + shared-expert dgrad, summed in that order.
         st.dn2 = st.arena.alloc({T, H}, DType::kF32);
-        Tensor dweight = scratch.alloc({T, s.moe.topk}, DType::kF32);
-        moe::alltoall::dispatch_permute_backward(st.dispatch, st.dn2, dweight);
-        moe::router_backward_dgrad(s.moe, p.moe.router, dweight, a.loss_grad_scale, st.router,
-                                   st.dn2, st.arena);
-        if (s.moe.shared_expert_size > 0) {
-            moe::shared_expert_backward_dgrad(p.moe.shared, st.d_out_c, st.dn2, st.shared,
-                                              st.arena);
-        }
+        moe::block_pre_dispatch_backward(block_of(s, p, a), a.loss_grad_scale, st.moe, st.dn2,
+                                         st.arena, scratch);
     }
     Tensor ws = scratch.alloc({H}, DType::kF32);
     Tensor dh = scratch.alloc({T, H}, DType::kF32);
@@ -207,12 +194,8 @@ void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& s
                               const NodeArgs& a) {
     const bool fusion = s.gradient_accumulation_fusion;
     attention_backward_wgrad(p.attn, fusion, st.attn, *a.scratch);
-    if (!s.is_moe)
-        return;
-    moe::router_backward_wgrad(s.moe, p.moe.router, st.router, *a.scratch);
-    if (s.moe.shared_expert_size > 0) {
-        moe::shared_expert_backward_wgrad(p.moe.shared, fusion, st.shared, *a.scratch);
-    }
+    if (s.is_moe)
+        moe::block_pre_dispatch_backward_dw(block_of(s, p, a), st.moe, *a.scratch);
 }
 
 }  // namespace epo::model

@@ -3,18 +3,20 @@
 // backward_dw:
 //
 //   pre_dispatch  n1 = norm(x); h = x + attention(n1); n2 = norm(h);
-//                 MoE: shared expert, router, dispatch preprocess (local counts), permute
-//   dispatch      count exchange, all-to-all of rows and weights                  (comm stream)
-//   mlp           MoE: chunk sort, grouped experts, inverse sort; dense: out = h + mlp(n2)
-//   combine       all-to-all back, unpermute, + shared expert, out = h + moe(n2)   (comm stream)
+//                 MoE: the block's pre_dispatch (shared expert, router, dispatch preprocess)
+//   dispatch      MoE block: the token dispatcher's counts and payload            (comm stream)
+//   mlp           MoE block: the experts; dense: out = h + mlp(n2)
+//   combine       MoE block: the payload back, + shared expert; out = h + moe(n2)  (comm stream)
 // backward (reverse):
-//   combine       dy(out) -> rows' gradients, all-to-all back to the experts
+//   combine       dy(out) -> the block's combine backward
 //   mlp           experts dgrad (and wgrad unless delayed); dense: dn2 = mlp dgrad
-//   dispatch      all-to-all of row and weight gradients back to their tokens
-//   pre_dispatch  dn2 = unpermute + router + shared expert; dh = dy + norm2^T(dn2);
+//   dispatch      the block's dispatch backward
+//   pre_dispatch  dn2 = the block's input gradient; dh = dy + norm2^T(dn2);
 //                 dx = dh + norm1^T(attention dgrad(dh))
 //   backward_dw   mlp: expert (or dense MLP) wgrad; pre_dispatch: attention, router and
 //                 shared-expert wgrad
+// The MoE parts are the MoE block of moe/moe_block.h, which names the token dispatcher; this
+// layer does not.
 //
 // A node reads the layer's parameters and writes only its own LayerState (one per micro-batch
 // and layer), so two micro-batches can run through the same layer on two streams. Dense layers
@@ -30,8 +32,8 @@
 
 #include "epo/comm/communicator.h"
 #include "epo/model/attention.h"
+#include "epo/moe/moe_block.h"
 #include "epo/moe/moe_layer.h"
-#include "epo/moe/token_dispatcher.h"
 
 namespace epo::model {
 
@@ -68,19 +70,14 @@ struct LayerState {
     Arena arena{"layer activations"};
     size_t reported_bytes = 0;  // arena bytes accounted to the pool (see gpt_model.h)
 
-    Tensor x;      // (T, H) f32 layer input (allocated here by whoever produced it)
+    Tensor x;      // (T, H) f32 layer input: the model's hand-off tensor, kept for the backward
     Tensor n1;     // (T, H) compute dtype
     Tensor rstd1;  // (T) f32
     AttentionContext attn;
-    Tensor h;      // (T, H) f32 residual after attention
-    Tensor n2;     // (T, H) compute dtype
-    Tensor rstd2;  // (T) f32
-    // MoE
-    moe::RouterOutput router;
-    moe::TokenDispatch dispatch;
-    moe::ExpertsContext experts;
-    moe::ExpertsContext shared;
-    Tensor shared_out;  // (T, H) f32
+    Tensor h;                // (T, H) f32 residual after attention
+    Tensor n2;               // (T, H) compute dtype
+    Tensor rstd2;            // (T) f32
+    moe::MoeBlockState moe;  // MoE layers
     // dense MLP
     moe::ExpertsContext mlp;
     // backward
@@ -96,26 +93,30 @@ struct LayerStepStats {
 };
 
 struct NodeArgs {
-    comm::Communicator* ep = nullptr;  // the running stream's EP communicator
-    Arena* scratch = nullptr;          // the running stream's scratch (reset per node)
-    float loss_grad_scale = 1.0f;      // 1 / number of micro-batches
+    comm::Communicator* ep = nullptr;                  // the running stream's EP communicator
+    const moe::TokenDispatcher* dispatcher = nullptr;  // MoE layers: the model's dispatcher
+    Arena* scratch = nullptr;      // the running stream's scratch (reset per node)
+    float loss_grad_scale = 1.0f;  // 1 / number of micro-batches
 };
 
 void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
                           LayerState& st, LayerStepStats& stats, const NodeArgs& a);
-void dispatch_forward(const LayerShape& s, LayerState& st, const NodeArgs& a);
+void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const NodeArgs& a);
 // Dense layers: writes out (T, H) f32 = h + mlp(n2). MoE layers: `out` is unused.
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                  const NodeArgs& a);
 // out (T, H) f32 = h + moe(n2) (+ shared expert).
-void combine_forward(const LayerShape& s, LayerState& st, const Tensor& out, const NodeArgs& a);
+void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
+                     const NodeArgs& a);
 
 // d_out (T, H) f32: gradient of the layer output.
-void combine_backward(LayerState& st, const Tensor& d_out, const NodeArgs& a);
+void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                      const Tensor& d_out, const NodeArgs& a);
 void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
                   bool with_wgrad, const NodeArgs& a);
 void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const NodeArgs& a);
-void dispatch_backward(LayerState& st, const NodeArgs& a);
+void dispatch_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                       const NodeArgs& a);
 // d_x (T, H) f32 = gradient of the layer input.
 void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable& rope,
                            LayerState& st, const Tensor& d_out, const Tensor& d_x, bool with_wgrad,

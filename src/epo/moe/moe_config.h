@@ -21,6 +21,9 @@ enum class ScoreFunction { kSoftmax, kSigmoid };
 enum class LoadBalancing { kNone, kAuxLoss, kSeqAuxLoss };
 enum class DropPolicy { kProbs, kPosition };
 enum class Precision { kFp32, kBf16 };
+// The token dispatcher of an expert-parallel layer (token_dispatcher.h). flex is validated and
+// refused before a run (RT017) until it has an implementation here.
+enum class DispatcherKind { kAlltoall };
 
 const char* score_function_name(ScoreFunction f);  // "softmax", "sigmoid"
 const char* load_balancing_name(LoadBalancing l);  // "none", "aux_loss", "seq_aux_loss"
@@ -50,6 +53,7 @@ struct MoeConfig {
     std::int64_t shared_expert_size = 0;        // S  moe_shared_expert_intermediate_size (0: none)
     bool gradient_accumulation_fusion = false;  // gradient_accumulation_fusion
     Precision precision = Precision::kBf16;     // bf16 = true / false
+    DispatcherKind dispatcher = DispatcherKind::kAlltoall;  // moe_token_dispatcher_type
 };
 
 // Throws ErrorKind::kConfig naming the field, its value and the rule.

@@ -1,106 +1,91 @@
-// The `alltoall` token dispatcher over the expert-parallel group, split into the phases the
-// layer's nodes (docs/design.md "A layer is four nodes") run on their streams:
+// The token-dispatcher seam: what the MoE block (moe_block.h) needs from a dispatcher, and
+// nothing else. A dispatcher moves each token's rows to the ranks holding the experts its router
+// chose, hands the experts their rows grouped by local expert, and brings the outputs back; the
+// block calls its phases from the nodes the overlap schedule runs (docs/design.md "A layer is four
+// nodes"), so every dispatcher keeps the same split:
 //
-//   pre_dispatch (compute)  dispatch_preprocess: plan, this rank's per-expert counts, send
-//                           buffers; dispatch_permute: rows (and their weights) into the send
-//                           buffer in global expert order, which is destination-rank order
-//   dispatch (comm)         exchange_counts: all-gather of the per-expert counts (skipped when
-//                           padding to capacity fixes every count), the all-to-all layout,
-//                           receive buffers; token_dispatch: all-to-all of rows and weights
+//   pre_dispatch (compute)  dispatch_preprocess: plan from the routing, rows into send order
+//   dispatch (comm)         token_dispatch: counts and layout first (a rank must know what it
+//                           receives before it can size its receive buffers), then the payload
+//   mlp (compute)           dispatch_postprocess: received rows -> the experts' segments;
+//                           [experts]; combine_preprocess: expert outputs -> send-back order
+//   combine (comm)          token_combine: the payload back; combine_postprocess: a token's
+//                           rows summed (+ shared expert)
+// and each backward in reverse. Communication happens only in token_dispatch and token_combine
+// (and their backwards), on the communicator of the stream the node runs on.
 //
-// The count exchange is the dispatch's first step (as DeepEP's notify step is), not the end of
-// pre_dispatch as in the reference's alltoall dispatcher: a collective on the compute stream
-// holds the compute stream until the slowest rank arrives, a wait the overlap schedule cannot
-// hide; on the comm stream the other micro-batch's compute runs meanwhile. Only the counts'
-// consumers (layout, receive buffers, expert segments) come after it, all in dispatch or later.
-//   mlp (compute)           dispatch_postprocess: chunk sort, source-rank-major -> expert-major
-//                           segments; [experts]; combine_preprocess: the inverse sort
-//   combine (comm)          token_combine: all-to-all back; combine_postprocess: unpermute, the
-//                           k rows of a token summed in k order (+ shared expert)
-// Each backward is the same phase run in reverse: an all-to-all's backward swaps its splits.
+// Per micro-batch a dispatcher keeps a DispatchState (DeepEP's "handle"): created by
+// new_state(), filled by the forward and read by the backward, opaque to the block except for
+// the expert-facing buffers every dispatcher provides. Adding a dispatcher is one file set that
+// implements this interface (alltoall_dispatcher.h is the first) plus its tests, and a case in
+// make_token_dispatcher().
 //
-// Experts live on their owner rank: global expert e on EP rank e / L (L local experts), so the
-// global expert order of the permutation is already grouped by destination rank.
-//
-// Letters: T tokens, H hidden, E experts, L = E / EP local experts, K top-k, R rows sent,
-// Rr rows received, Rp expert rows with alignment padding.
+// Letters: T tokens of the micro-batch on this rank, H hidden, K top-k, L local experts,
+// Rp rows the local experts compute on (segments padded to kExpertRowAlign).
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "epo/comm/communicator.h"
 #include "epo/moe/dispatch.h"
+#include "epo/moe/moe_config.h"
 #include "epo/moe/router.h"
 
 namespace epo::moe {
 
-// One micro-batch's dispatch through one layer, kept from its forward until its backward.
-// Tensors are views into the arena given to dispatch_preprocess.
-struct TokenDispatch {
-    int ep_size = 1;
-    int ep_rank = 0;
-    DispatchPlan plan;
-    ExpertSegments send_segments;      // [E] this rank's rows per global expert, packed
-    std::vector<int64_t> recv_counts;  // [EP * L] rows from source s for local expert l
-    comm::AllToAllLayout layout;       // dispatch direction, in rows
-    ExpertSegments expert_segments;    // [L] aligned segments the experts compute on
-    ChunkMoves to_experts;             // received (source-major) -> expert segments
+// One micro-batch's dispatch through one layer, kept from its forward until its backward. The
+// fields here are what the experts read and write; a dispatcher derives its own state from it.
+struct DispatchState {
+    virtual ~DispatchState() = default;
 
-    // forward buffers
-    Tensor send_rows;     // (R, H) compute dtype
-    Tensor send_probs;    // (R) f32
-    Tensor recv_rows;     // (Rr, H)
-    Tensor recv_probs;    // (Rr)
-    Tensor expert_rows;   // (Rp, H)
-    Tensor expert_probs;  // (Rp)
-    Tensor expert_out;    // (Rp, H)
-    Tensor combine_send;  // (Rr, H)
-    Tensor combine_recv;  // (R, H)
-    // backward buffers
-    Tensor d_combine_recv;  // (R, H)
-    Tensor d_combine_send;  // (Rr, H)
-    Tensor d_expert_out;    // (Rp, H)
-    Tensor d_expert_rows;   // (Rp, H)
-    Tensor d_expert_probs;  // (Rp)
-    Tensor d_recv_rows;     // (Rr, H)
-    Tensor d_recv_probs;    // (Rr)
-    Tensor d_send_rows;     // (R, H)
-    Tensor d_send_probs;    // (R)
+    ExpertSegments expert_segments;  // [L] aligned segments the experts compute on
+    Tensor expert_rows;              // (Rp, H) compute dtype, set by dispatch_postprocess
+    Tensor expert_probs;             // (Rp) f32
+    Tensor expert_out;               // (Rp, H) the experts' output, read by combine_preprocess
+    Tensor d_expert_out;             // (Rp, H) set by combine_preprocess_backward
+    Tensor d_expert_rows;            // (Rp, H) the experts' input gradient
+    Tensor d_expert_probs;           // (Rp) f32
 };
 
-namespace alltoall {
+class TokenDispatcher {
+public:
+    virtual ~TokenDispatcher() = default;
 
-// --- forward -------------------------------------------------------------------------------
+    virtual const char* name() const = 0;  // "alltoall"
+    virtual std::unique_ptr<DispatchState> new_state() const = 0;
 
-// Plans this rank's side of the dispatch for EP rank `ep_rank` of `ep_size`; allocates the
-// send-side forward buffers from `arena`. No communication.
-void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
-                         const RouterOutput& routing, TokenDispatch& d, Arena& arena);
-// `ep_comm` is the comm stream's EP communicator. Learns what every rank sends this rank's
-// experts, sets the layout and the expert segments, allocates the receive-side buffers.
-void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, TokenDispatch& d,
-                     Arena& arena);
-// x (T, H) compute dtype -> send buffers.
-void dispatch_permute(const RouterOutput& routing, const Tensor& x, TokenDispatch& d);
-// `ep_comm` is the comm stream's EP communicator.
-void token_dispatch(comm::Communicator& ep_comm, TokenDispatch& d);
-void dispatch_postprocess(TokenDispatch& d);
-void combine_preprocess(TokenDispatch& d);
-void token_combine(comm::Communicator& ep_comm, TokenDispatch& d);
-// y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 when defined).
-void combine_postprocess(const TokenDispatch& d, const Tensor& shared, const Tensor& y);
+    // --- forward ---
+    // Plans this rank's side from the routing and puts x (T, H) compute dtype into send order;
+    // allocates the send-side buffers from `arena`. No communication.
+    virtual void dispatch_preprocess(const RouterOutput& routing, const Tensor& x, DispatchState& d,
+                                     Arena& arena) const = 0;
+    // Counts and layout, then the payload, over `ep`; allocates the receive side from `arena`.
+    virtual void token_dispatch(comm::Communicator& ep, DispatchState& d, Arena& arena) const = 0;
+    virtual void dispatch_postprocess(DispatchState& d) const = 0;
+    virtual void combine_preprocess(DispatchState& d) const = 0;
+    virtual void token_combine(comm::Communicator& ep, DispatchState& d) const = 0;
+    // y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 if defined).
+    virtual void combine_postprocess(const DispatchState& d, const Tensor& shared,
+                                     const Tensor& y) const = 0;
 
-// --- backward (each phase's backward, in reverse order) --------------------------------------
+    // --- backward (each phase's backward, in reverse order) ---
+    // dy (T, H) compute dtype; allocates every backward buffer from `arena`.
+    virtual void combine_postprocess_backward(const Tensor& dy, DispatchState& d,
+                                              Arena& arena) const = 0;
+    virtual void token_combine_backward(comm::Communicator& ep, DispatchState& d) const = 0;
+    virtual void combine_preprocess_backward(DispatchState& d) const = 0;
+    virtual void dispatch_postprocess_backward(DispatchState& d) const = 0;
+    virtual void token_dispatch_backward(comm::Communicator& ep, DispatchState& d) const = 0;
+    // The preprocess's backward, in the two halves the block fuses into its one pass over the
+    // tokens: dweight (T, K) f32 = the gradient of each kept (token, k) weight (0 when dropped),
+    // and acc[0, H) = sum over token t's kept slots, in k order, of its row gradients (f32).
+    virtual void gather_dweight(const DispatchState& d, const Tensor& dweight) const = 0;
+    virtual void token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const = 0;
+};
 
-// dy (T, H) compute dtype -> d_combine_recv. Allocates every backward buffer from `arena`.
-void combine_postprocess_backward(const Tensor& dy, TokenDispatch& d, Arena& arena);
-void token_combine_backward(comm::Communicator& ep_comm, TokenDispatch& d);
-void combine_preprocess_backward(TokenDispatch& d);    // -> d_expert_out (padding rows zero)
-void dispatch_postprocess_backward(TokenDispatch& d);  // d_expert_* -> d_recv_*
-void token_dispatch_backward(comm::Communicator& ep_comm, TokenDispatch& d);
-// dx_acc (T, H) f32 = sum over k of the token's row gradients; dweight (T, K) f32.
-void dispatch_permute_backward(const TokenDispatch& d, const Tensor& dx_acc, const Tensor& dweight);
+// The dispatcher cfg.dispatcher names, for EP rank `ep_rank` of `ep_size`.
+std::unique_ptr<TokenDispatcher> make_token_dispatcher(const MoeConfig& cfg, int ep_size,
+                                                       int ep_rank);
 
-}  // namespace alltoall
 }  // namespace epo::moe

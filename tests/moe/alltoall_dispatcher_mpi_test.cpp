@@ -8,7 +8,7 @@
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/process_groups.h"
-#include "epo/moe/token_dispatcher.h"
+#include "epo/moe/alltoall_dispatcher.h"
 #include "epo/tensor/random.h"
 
 namespace epo::moe {
@@ -82,7 +82,7 @@ MoeConfig dispatch_config(std::int64_t e, std::int64_t k) {
 
 // Checks that `rows` [Rp, 4] (with `probs` [Rp] when defined) holds, for each local expert, the
 // rows of the EP group's ranks in rank order, each in token order (capacity: the kept ones).
-void expect_expert_major(const MoeConfig& cfg, const TokenDispatch& d,
+void expect_expert_major(const MoeConfig& cfg, const AlltoallDispatch& d,
                          const std::vector<int>& members, Routing how, const Tensor& rows,
                          const Tensor& probs) {
     const std::int64_t k = cfg.topk, local = cfg.num_experts / d.ep_size;
@@ -119,7 +119,7 @@ void expect_expert_major(const MoeConfig& cfg, const TokenDispatch& d,
 }
 
 // (kept slots of token t) * x[t], what identity experts give back for token t.
-void expect_kept_times(const TokenDispatch& d, const Tensor& x, const Tensor& got) {
+void expect_kept_times(const AlltoallDispatch& d, const Tensor& x, const Tensor& got) {
     const std::int64_t k = d.plan.topk;
     for (std::int64_t t = 0; t < x.dim(0); ++t) {
         std::int64_t kept = 0;
@@ -138,7 +138,7 @@ void check_round_trip(const MoeConfig& cfg, int ep_size, Routing how) {
     const int me = world_rank();
     const Tokens mine = make_tokens(me, cfg.topk, cfg.num_experts, how);
     Arena arena;
-    TokenDispatch d;
+    AlltoallDispatch d;
     alltoall::dispatch_preprocess(cfg, ep.size(), ep.rank(), mine.routing, d, arena);
     alltoall::dispatch_permute(mine.routing, mine.x, d);
     alltoall::exchange_counts(cfg, ep, d, arena);
@@ -214,7 +214,7 @@ TEST(TokenDispatcher, BackwardAllToAllsSwapTheSplits) {
     const MoeConfig cfg = dispatch_config(12, 2);
     const Tokens mine = make_tokens(world_rank(), 2, 12, Routing::kSpread);
     Arena arena;
-    TokenDispatch d;
+    AlltoallDispatch d;
     alltoall::dispatch_preprocess(cfg, groups->ep.size(), groups->ep.rank(), mine.routing, d,
                                   arena);
     const int me = groups->ep.rank();

@@ -1,0 +1,241 @@
+#include "epo/moe/alltoall_dispatcher.h"
+
+#include "epo/core/error.h"
+
+namespace epo::moe::alltoall {
+namespace {
+
+int64_t sum(const std::vector<int64_t>& v, size_t begin, size_t count) {
+    int64_t s = 0;
+    for (size_t i = begin; i < begin + count; ++i)
+        s += v[i];
+    return s;
+}
+
+size_t row_bytes(const Tensor& rows) {
+    return static_cast<size_t>(rows.row_size()) * dtype_size(rows.dtype());
+}
+
+}  // namespace
+
+void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
+                         const RouterOutput& routing, AlltoallDispatch& d, Arena& arena) {
+    const int64_t E = cfg.num_experts, H = cfg.hidden_size;
+    EPO_CHECK(E % ep_size == 0, "{} experts over an expert-parallel group of {}", E, ep_size);
+    d.ep_size = ep_size;
+    d.ep_rank = ep_rank;
+    d.plan = moe::dispatch_preprocess(cfg, routing.topk_index, routing.topk_weight, arena);
+    d.send_segments = make_expert_segments(d.plan.tokens_per_expert, 1);
+    const DType cd = compute_dtype(cfg);
+    const int64_t R = d.send_segments.total_rows();
+    d.send_rows = arena.alloc({R, H}, cd);
+    d.send_probs = arena.alloc({R}, DType::kF32);
+    d.combine_recv = arena.alloc({R, H}, cd);
+}
+
+void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, AlltoallDispatch& d,
+                     Arena& arena) {
+    const int ep = d.ep_size;
+    EPO_CHECK(ep_comm.size() == ep && ep_comm.rank() == d.ep_rank,
+              "the counts of a dispatch planned for EP rank {} of {} exchanged as rank {} of {}",
+              d.ep_rank, ep, ep_comm.rank(), ep_comm.size());
+    const int64_t E = cfg.num_experts, H = cfg.hidden_size;
+    const int64_t L = E / ep;
+    const std::vector<int64_t>& local = d.plan.tokens_per_expert;  // [E] rows this rank sends
+
+    // Rows this rank receives for each of its experts from each source rank. With padding to
+    // capacity every count is the capacity (the same on every rank, which routes micro-batches
+    // of equal size), so nothing needs exchanging.
+    d.recv_counts.assign(static_cast<size_t>(ep * L), 0);
+    if (cfg.pad_to_capacity && d.plan.capacity >= 0) {
+        std::fill(d.recv_counts.begin(), d.recv_counts.end(), d.plan.capacity);
+    } else {
+        std::vector<int64_t> gathered(static_cast<size_t>(ep * E));
+        ep_comm.all_gather(std::span<const int64_t>(local), std::span<int64_t>(gathered));
+        for (int s = 0; s < ep; ++s) {
+            for (int64_t l = 0; l < L; ++l) {
+                d.recv_counts[s * L + l] = gathered[s * E + d.ep_rank * L + l];
+            }
+        }
+    }
+    std::vector<int64_t> send_per_peer(static_cast<size_t>(ep)), recv_per_peer(ep);
+    std::vector<int64_t> expert_counts(static_cast<size_t>(L), 0);
+    for (int p = 0; p < ep; ++p) {
+        send_per_peer[p] = sum(local, static_cast<size_t>(p * L), static_cast<size_t>(L));
+        recv_per_peer[p] = sum(d.recv_counts, static_cast<size_t>(p * L), static_cast<size_t>(L));
+        for (int64_t l = 0; l < L; ++l)
+            expert_counts[l] += d.recv_counts[p * L + l];
+    }
+    d.layout = comm::AllToAllLayout::packed(send_per_peer, recv_per_peer);
+    d.expert_segments = make_expert_segments(expert_counts, kExpertRowAlign);
+    d.to_experts = rank_major_to_expert_major(d.recv_counts, ep, d.expert_segments);
+
+    const DType cd = compute_dtype(cfg);
+    const int64_t Rr = d.layout.recv_extent(), Rp = d.expert_segments.total_rows();
+    d.recv_rows = arena.alloc({Rr, H}, cd);
+    d.recv_probs = arena.alloc({Rr}, DType::kF32);
+    d.expert_rows = arena.alloc({Rp, H}, cd);
+    d.expert_probs = arena.alloc({Rp}, DType::kF32);
+    d.expert_out = arena.alloc({Rp, H}, cd);
+    d.combine_send = arena.alloc({Rr, H}, cd);
+}
+
+void dispatch_permute(const RouterOutput& routing, const Tensor& x, AlltoallDispatch& d) {
+    permute_forward(d.plan, d.send_segments, x, routing.topk_weight, d.send_rows, d.send_probs);
+}
+
+void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d) {
+    ep_comm.all_to_all_v(d.send_rows.raw(), d.recv_rows.raw(), d.layout, row_bytes(d.send_rows));
+    ep_comm.all_to_all_v(d.send_probs.raw(), d.recv_probs.raw(), d.layout, sizeof(float));
+}
+
+void dispatch_postprocess(AlltoallDispatch& d) {
+    move_chunks(d.recv_rows, d.to_experts, d.expert_rows);
+    move_chunks(d.recv_probs, d.to_experts, d.expert_probs);
+    zero_segment_padding(d.expert_segments, d.expert_rows);
+    zero_segment_padding(d.expert_segments, d.expert_probs);
+}
+
+void combine_preprocess(AlltoallDispatch& d) {
+    move_chunks(d.expert_out, invert(d.to_experts), d.combine_send);
+}
+
+void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d) {
+    ep_comm.all_to_all_v(d.combine_send.raw(), d.combine_recv.raw(), d.layout.swapped(),
+                         row_bytes(d.combine_send));
+}
+
+void combine_postprocess(const AlltoallDispatch& d, const Tensor& shared, const Tensor& y) {
+    combine_forward(d.plan, d.send_segments, d.combine_recv, shared, y);
+}
+
+void combine_postprocess_backward(const Tensor& dy, AlltoallDispatch& d, Arena& arena) {
+    const int64_t H = dy.row_size();
+    const DType cd = dy.dtype();
+    const int64_t R = d.send_segments.total_rows(), Rr = d.layout.recv_extent(),
+                  Rp = d.expert_segments.total_rows();
+    d.d_combine_recv = arena.alloc({R, H}, cd);
+    d.d_combine_send = arena.alloc({Rr, H}, cd);
+    d.d_expert_out = arena.alloc({Rp, H}, cd);
+    d.d_expert_rows = arena.alloc({Rp, H}, cd);
+    d.d_expert_probs = arena.alloc({Rp}, DType::kF32);
+    d.d_recv_rows = arena.alloc({Rr, H}, cd);
+    d.d_recv_probs = arena.alloc({Rr}, DType::kF32);
+    d.d_send_rows = arena.alloc({R, H}, cd);
+    d.d_send_probs = arena.alloc({R}, DType::kF32);
+    combine_backward(d.plan, d.send_segments, dy, d.d_combine_recv);
+}
+
+void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d) {
+    ep_comm.all_to_all_v(d.d_combine_recv.raw(), d.d_combine_send.raw(), d.layout,
+                         row_bytes(d.d_combine_recv));
+}
+
+void combine_preprocess_backward(AlltoallDispatch& d) {
+    move_chunks(d.d_combine_send, d.to_experts, d.d_expert_out);
+    zero_segment_padding(d.expert_segments, d.d_expert_out);
+}
+
+void dispatch_postprocess_backward(AlltoallDispatch& d) {
+    const ChunkMoves back = invert(d.to_experts);
+    move_chunks(d.d_expert_rows, back, d.d_recv_rows);
+    move_chunks(d.d_expert_probs, back, d.d_recv_probs);
+}
+
+void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d) {
+    const comm::AllToAllLayout back = d.layout.swapped();
+    ep_comm.all_to_all_v(d.d_recv_rows.raw(), d.d_send_rows.raw(), back, row_bytes(d.d_recv_rows));
+    ep_comm.all_to_all_v(d.d_recv_probs.raw(), d.d_send_probs.raw(), back, sizeof(float));
+}
+
+void dispatch_permute_backward(const AlltoallDispatch& d, const Tensor& dx_acc,
+                               const Tensor& dweight) {
+    permute_backward(d.plan, d.send_segments, d.d_send_rows, d.d_send_probs, dx_acc, dweight);
+}
+
+}  // namespace epo::moe::alltoall
+
+namespace epo::moe {
+namespace {
+
+// The dispatcher's own state behind the interface's handle (made by new_state()).
+AlltoallDispatch& own(DispatchState& d) {
+    return static_cast<AlltoallDispatch&>(d);
+}
+const AlltoallDispatch& own(const DispatchState& d) {
+    return static_cast<const AlltoallDispatch&>(d);
+}
+
+}  // namespace
+
+AlltoallDispatcher::AlltoallDispatcher(const MoeConfig& cfg, int ep_size, int ep_rank)
+    : cfg_(cfg), ep_size_(ep_size), ep_rank_(ep_rank) {
+    EPO_CHECK(ep_size >= 1 && ep_rank >= 0 && ep_rank < ep_size, "EP rank {} of {}", ep_rank,
+              ep_size);
+}
+
+std::unique_ptr<DispatchState> AlltoallDispatcher::new_state() const {
+    return std::make_unique<AlltoallDispatch>();
+}
+
+void AlltoallDispatcher::dispatch_preprocess(const RouterOutput& routing, const Tensor& x,
+                                             DispatchState& d, Arena& arena) const {
+    alltoall::dispatch_preprocess(cfg_, ep_size_, ep_rank_, routing, own(d), arena);
+    alltoall::dispatch_permute(routing, x, own(d));
+}
+
+void AlltoallDispatcher::token_dispatch(comm::Communicator& ep, DispatchState& d,
+                                        Arena& arena) const {
+    alltoall::exchange_counts(cfg_, ep, own(d), arena);
+    alltoall::token_dispatch(ep, own(d));
+}
+
+void AlltoallDispatcher::dispatch_postprocess(DispatchState& d) const {
+    alltoall::dispatch_postprocess(own(d));
+}
+
+void AlltoallDispatcher::combine_preprocess(DispatchState& d) const {
+    alltoall::combine_preprocess(own(d));
+}
+
+void AlltoallDispatcher::token_combine(comm::Communicator& ep, DispatchState& d) const {
+    alltoall::token_combine(ep, own(d));
+}
+
+void AlltoallDispatcher::combine_postprocess(const DispatchState& d, const Tensor& shared,
+                                             const Tensor& y) const {
+    alltoall::combine_postprocess(own(d), shared, y);
+}
+
+void AlltoallDispatcher::combine_postprocess_backward(const Tensor& dy, DispatchState& d,
+                                                      Arena& arena) const {
+    alltoall::combine_postprocess_backward(dy, own(d), arena);
+}
+
+void AlltoallDispatcher::token_combine_backward(comm::Communicator& ep, DispatchState& d) const {
+    alltoall::token_combine_backward(ep, own(d));
+}
+
+void AlltoallDispatcher::combine_preprocess_backward(DispatchState& d) const {
+    alltoall::combine_preprocess_backward(own(d));
+}
+
+void AlltoallDispatcher::dispatch_postprocess_backward(DispatchState& d) const {
+    alltoall::dispatch_postprocess_backward(own(d));
+}
+
+void AlltoallDispatcher::token_dispatch_backward(comm::Communicator& ep, DispatchState& d) const {
+    alltoall::token_dispatch_backward(ep, own(d));
+}
+
+void AlltoallDispatcher::gather_dweight(const DispatchState& d, const Tensor& dweight) const {
+    const AlltoallDispatch& a = own(d);
+    moe::gather_dweight(a.plan, a.send_segments, a.d_send_probs, dweight);
+}
+
+void AlltoallDispatcher::token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const {
+    const AlltoallDispatch& a = own(d);
+    moe::token_row_sum(a.plan, a.send_segments, a.d_send_rows, t, acc);
+}
+
+}  // namespace epo::moe

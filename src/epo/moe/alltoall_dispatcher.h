@@ -1,0 +1,135 @@
+// The `alltoall` token dispatcher over the expert-parallel group: the first implementation of
+// the TokenDispatcher interface (token_dispatcher.h), as AlltoallDispatcher over the free
+// functions below (which its own tests and benchmarks call directly). Its phases, on the streams
+// of the layer's nodes (docs/design.md "A layer is four nodes"):
+//
+//   pre_dispatch (compute)  dispatch_preprocess: plan, this rank's per-expert counts, send
+//                           buffers; dispatch_permute: rows (and their weights) into the send
+//                           buffer in global expert order, which is destination-rank order
+//   dispatch (comm)         exchange_counts: all-gather of the per-expert counts (skipped when
+//                           padding to capacity fixes every count), the all-to-all layout,
+//                           receive buffers; token_dispatch: all-to-all of rows and weights
+//
+// The count exchange is the dispatch's first step (as DeepEP's notify step is), not the end of
+// pre_dispatch as in the reference's alltoall dispatcher: a collective on the compute stream
+// holds the compute stream until the slowest rank arrives, a wait the overlap schedule cannot
+// hide; on the comm stream the other micro-batch's compute runs meanwhile. Only the counts'
+// consumers (layout, receive buffers, expert segments) come after it, all in dispatch or later.
+//   mlp (compute)           dispatch_postprocess: chunk sort, source-rank-major -> expert-major
+//                           segments; [experts]; combine_preprocess: the inverse sort
+//   combine (comm)          token_combine: all-to-all back; combine_postprocess: unpermute, the
+//                           k rows of a token summed in k order (+ shared expert)
+// Each backward is the same phase run in reverse: an all-to-all's backward swaps its splits.
+//
+// Experts live on their owner rank: global expert e on EP rank e / L (L local experts), so the
+// global expert order of the permutation is already grouped by destination rank.
+//
+// Letters: T tokens, H hidden, E experts, L = E / EP local experts, K top-k, R rows sent,
+// Rr rows received, Rp expert rows with alignment padding.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "epo/comm/communicator.h"
+#include "epo/moe/dispatch.h"
+#include "epo/moe/router.h"
+#include "epo/moe/token_dispatcher.h"
+
+namespace epo::moe {
+
+// One micro-batch's dispatch through one layer, kept from its forward until its backward (the
+// expert-facing buffers are DispatchState's). Tensors are views into the arenas given to
+// dispatch_preprocess, exchange_counts and combine_postprocess_backward.
+struct AlltoallDispatch : DispatchState {
+    int ep_size = 1;
+    int ep_rank = 0;
+    DispatchPlan plan;
+    ExpertSegments send_segments;      // [E] this rank's rows per global expert, packed
+    std::vector<int64_t> recv_counts;  // [EP * L] rows from source s for local expert l
+    comm::AllToAllLayout layout;       // dispatch direction, in rows
+    ChunkMoves to_experts;             // received (source-major) -> expert segments
+
+    // forward buffers
+    Tensor send_rows;     // (R, H) compute dtype
+    Tensor send_probs;    // (R) f32
+    Tensor recv_rows;     // (Rr, H)
+    Tensor recv_probs;    // (Rr)
+    Tensor combine_send;  // (Rr, H)
+    Tensor combine_recv;  // (R, H)
+    // backward buffers
+    Tensor d_combine_recv;  // (R, H)
+    Tensor d_combine_send;  // (Rr, H)
+    Tensor d_recv_rows;     // (Rr, H)
+    Tensor d_recv_probs;    // (Rr)
+    Tensor d_send_rows;     // (R, H)
+    Tensor d_send_probs;    // (R)
+};
+
+namespace alltoall {
+
+// --- forward -------------------------------------------------------------------------------
+
+// Plans this rank's side of the dispatch for EP rank `ep_rank` of `ep_size`; allocates the
+// send-side forward buffers from `arena`. No communication.
+void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
+                         const RouterOutput& routing, AlltoallDispatch& d, Arena& arena);
+// `ep_comm` is the comm stream's EP communicator. Learns what every rank sends this rank's
+// experts, sets the layout and the expert segments, allocates the receive-side buffers.
+void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, AlltoallDispatch& d,
+                     Arena& arena);
+// x (T, H) compute dtype -> send buffers.
+void dispatch_permute(const RouterOutput& routing, const Tensor& x, AlltoallDispatch& d);
+// `ep_comm` is the comm stream's EP communicator.
+void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d);
+void dispatch_postprocess(AlltoallDispatch& d);
+void combine_preprocess(AlltoallDispatch& d);
+void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d);
+// y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 when defined).
+void combine_postprocess(const AlltoallDispatch& d, const Tensor& shared, const Tensor& y);
+
+// --- backward (each phase's backward, in reverse order) --------------------------------------
+
+// dy (T, H) compute dtype -> d_combine_recv. Allocates every backward buffer from `arena`.
+void combine_postprocess_backward(const Tensor& dy, AlltoallDispatch& d, Arena& arena);
+void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d);
+void combine_preprocess_backward(AlltoallDispatch& d);    // -> d_expert_out (padding rows zero)
+void dispatch_postprocess_backward(AlltoallDispatch& d);  // d_expert_* -> d_recv_*
+void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d);
+// dx_acc (T, H) f32 = sum over k of the token's row gradients; dweight (T, K) f32.
+void dispatch_permute_backward(const AlltoallDispatch& d, const Tensor& dx_acc,
+                               const Tensor& dweight);
+
+}  // namespace alltoall
+
+// The interface over the functions above: token_dispatch is exchange_counts then the payload.
+class AlltoallDispatcher final : public TokenDispatcher {
+public:
+    AlltoallDispatcher(const MoeConfig& cfg, int ep_size, int ep_rank);
+
+    const char* name() const override { return "alltoall"; }
+    std::unique_ptr<DispatchState> new_state() const override;
+    void dispatch_preprocess(const RouterOutput& routing, const Tensor& x, DispatchState& d,
+                             Arena& arena) const override;
+    void token_dispatch(comm::Communicator& ep, DispatchState& d, Arena& arena) const override;
+    void dispatch_postprocess(DispatchState& d) const override;
+    void combine_preprocess(DispatchState& d) const override;
+    void token_combine(comm::Communicator& ep, DispatchState& d) const override;
+    void combine_postprocess(const DispatchState& d, const Tensor& shared,
+                             const Tensor& y) const override;
+    void combine_postprocess_backward(const Tensor& dy, DispatchState& d,
+                                      Arena& arena) const override;
+    void token_combine_backward(comm::Communicator& ep, DispatchState& d) const override;
+    void combine_preprocess_backward(DispatchState& d) const override;
+    void dispatch_postprocess_backward(DispatchState& d) const override;
+    void token_dispatch_backward(comm::Communicator& ep, DispatchState& d) const override;
+    void gather_dweight(const DispatchState& d, const Tensor& dweight) const override;
+    void token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const override;
+
+private:
+    MoeConfig cfg_;
+    int ep_size_;
+    int ep_rank_;
+};
+
+}  // namespace epo::moe
