@@ -31,9 +31,11 @@ export OMP_NUM_THREADS=1
 
 steps=5 warmup=3
 epo_run() {  # "<median wall ms per step> <ms inside GEMMs per step>" of BM_MoeLayer/<tokens>/0
+  # The median of the steps (ms_median), the statistic the peer prints, not Google Benchmark's mean.
   scripts/guarded.sh "$bench" --benchmark_filter="BM_MoeLayer/$1/0" --benchmark_format=csv \
-    2>/dev/null | awk -F, '/^name,/ {for (i = 1; i <= NF; ++i) if ($i == "\"ms_gemm\"") g = i}
-                           /^"BM_MoeLayer/ {printf "%s %.1f\n", $3, $g}'
+    2>/dev/null | awk -F, '/^name,/ {for (i = 1; i <= NF; ++i) {if ($i == "\"ms_gemm\"") g = i
+                                                                 if ($i == "\"ms_median\"") m = i}}
+                           /^"BM_MoeLayer/ {printf "%s %.1f\n", $m, $g}'
 }
 torch_run() {  # "<median wall ms of the timed steps> <ms inside oneDNN GEMMs per timed step>"
   # Every step issues the same products, so the last `steps` steps' executions are the last

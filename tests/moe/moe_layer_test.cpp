@@ -329,38 +329,6 @@ TEST(MoeLayer, SteadyStateStepsMapNoMemoryAndCreateNoPrimitives) {
     EXPECT_EQ(kernels::gemm_cache_stats().creations, creations);
 }
 
-// The layer's dx pass (without a shared expert: unpermute, the router's term and the store fused
-// per token) gives the bits of the separate steps the model's distributed path runs: permute
-// backward into an f32 [T, H] buffer, the router's dgrad over it, the shared expert's, one store.
-TEST(MoeLayer, DxEqualsTheSeparateStepsBitForBit) {
-    for (std::int64_t shared : {0, 8}) {
-        for (Precision prec : {Precision::kBf16, Precision::kFp32}) {
-            MoeConfig c = small_config();
-            c.precision = prec;
-            c.shared_expert_size = shared;
-            Layer layer(c, 40, 91);
-            MoeContext ctx;
-            Tensor y = layer.new_activation(), dx = layer.new_activation();
-            moe_forward(c, layer.params, layer.x, 1, ctx, y);
-            moe_backward_dgrad(c, layer.params, layer.dy, 0.5f, ctx, dx);
-
-            Arena arena("separate steps");
-            Tensor dx_acc = arena.alloc({layer.tokens(), c.hidden_size}, DType::kF32);
-            Tensor dweight = arena.alloc({layer.tokens(), c.topk}, DType::kF32);
-            permute_backward(ctx.plan, ctx.segments, ctx.dx_perm, ctx.dprobs_perm, dx_acc, dweight);
-            router_backward_dgrad(c, layer.params.router, dweight, 0.5f, ctx.router, dx_acc, arena);
-            if (shared > 0) {
-                shared_expert_backward_dgrad(layer.params.shared, layer.dy, dx_acc, ctx.shared,
-                                             arena);
-            }
-            Tensor want = layer.new_activation();
-            kernels::store_row(dx_acc.data<float>(), want.raw(), want.dtype(), want.numel());
-            EXPECT_EQ(std::memcmp(dx.raw(), want.raw(), dx.nbytes()), 0)
-                << "shared " << shared << " " << dtype_name(dx.dtype());
-        }
-    }
-}
-
 TEST(MoeLayer, InputOfTheWrongShapeOrTypeIsAnError) {
     MoeConfig c = small_config();
     Layer layer(c, 4, 41);

@@ -48,7 +48,7 @@ void check_activation(const MoeConfig& cfg, const Tensor& t, std::int64_t t_coun
     check_tensor(t, {t_count, cfg.hidden_size}, compute_dtype(cfg), what);
 }
 
-// Shared by the split and the fused backward: everything up to the experts.
+// Everything of the backward up to the experts.
 void backward_prologue(const MoeConfig& cfg, const Tensor& dy, MoeContext& ctx) {
     const std::int64_t t_count = ctx.plan.num_tokens, rp = ctx.segments.total_rows();
     const std::int64_t bound = row_bound(cfg, t_count);
@@ -58,56 +58,35 @@ void backward_prologue(const MoeConfig& cfg, const Tensor& dy, MoeContext& ctx) 
     ctx.dx_perm = alloc_rows(ctx.arena, bound, rp, cfg.hidden_size, dt);
     ctx.dprobs_perm = alloc_rows(ctx.arena, bound, rp, 1, DType::kF32);
     ctx.dweight = ctx.arena.alloc({t_count, cfg.topk}, DType::kF32);
-    // dx in f32 between its terms, for the shared expert's accumulating product only; without
-    // one, each token's row is summed in one row of scratch and stored right away.
-    ctx.dx_acc = has_shared(cfg) ? ctx.arena.alloc({t_count, cfg.hidden_size}, DType::kF32)
-                                 : ctx.arena.alloc({cfg.hidden_size}, DType::kF32);
+    ctx.dx_acc = ctx.arena.alloc({t_count, cfg.hidden_size}, DType::kF32);  // dx between its terms
     Stopwatch sw(ctx.times.combine_bwd);
     combine_backward(ctx.plan, ctx.segments, dy, ctx.dy_perm);
 }
 
 // After the experts: dx = unpermuted rows + the router's term (+ the shared expert's), summed in
-// that order in f32 and rounded once; the router's and the shared expert's dgrad on the way.
-// Without a shared expert the three steps are one pass over the tokens: a token's row is summed
-// in scratch and stored (instead of three passes over a [T, H] f32 buffer: ~5 ms less at 4096
-// tokens of the benchmark layer); the bits are those of the separate steps, as the model's
-// distributed path runs them.
+// f32 in that order as separate steps over the whole (T, H) buffer, then rounded once. The MoE
+// block (moe_block.h) makes the first two one pass over the tokens with the same operations; its
+// multi-rank test compares the two bit for bit.
 void backward_epilogue(const MoeConfig& cfg, const MoeLayerParams& params, const Tensor& dy,
                        float loss_grad_scale, MoeContext& ctx, const Tensor& dx) {
     MoePhaseTimes& tm = ctx.times;
-    const std::int64_t t_count = ctx.plan.num_tokens, h = cfg.hidden_size;
-    check_activation(cfg, dx, t_count, "MoE layer dx");
+    check_activation(cfg, dx, ctx.plan.num_tokens, "MoE layer dx");
+    {
+        Stopwatch sw(tm.permute_bwd);
+        permute_backward(ctx.plan, ctx.segments, ctx.dx_perm, ctx.dprobs_perm, ctx.dx_acc,
+                         ctx.dweight);
+    }
     {
         Stopwatch sw(tm.router_dgrad);
-        gather_dweight(ctx.plan, ctx.segments, ctx.dprobs_perm, ctx.dweight);
-        router_backward_dlogits(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router,
-                                ctx.arena);
+        router_backward_dgrad(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router,
+                              ctx.dx_acc, ctx.arena);
     }
-    const bool shared = has_shared(cfg);
-    const std::size_t dx_row_bytes = static_cast<std::size_t>(h) * dtype_size(dx.dtype());
-    {
-        Stopwatch sw(tm.permute_bwd);  // unpermute and the router's term (and the store if fused)
-        for (std::int64_t t = 0; t < t_count; ++t) {
-            float* acc = ctx.dx_acc.data<float>() + (shared ? t * h : 0);
-            token_row_sum(ctx.plan, ctx.segments, ctx.dx_perm, t, acc);
-            router_dx_add_row(cfg, params.router, ctx.router, t, acc);
-            if (!shared) {
-                kernels::store_row(acc, static_cast<char*>(dx.raw()) + t * dx_row_bytes, dx.dtype(),
-                                   h);
-            }
-        }
-    }
-    if (!shared) {
-        return;
-    }
-    {
+    if (has_shared(cfg)) {
         Stopwatch sw(tm.shared_dgrad);
         shared_expert_backward_dgrad(params.shared, dy, ctx.dx_acc, ctx.shared, ctx.arena);
     }
-    {
-        Stopwatch sw(tm.combine_bwd);  // the final f32 -> activation dtype store of dx
-        kernels::store_row(ctx.dx_acc.data<float>(), dx.raw(), dx.dtype(), dx.numel());
-    }
+    Stopwatch sw(tm.combine_bwd);  // the final f32 -> activation dtype store of dx
+    kernels::store_row(ctx.dx_acc.data<float>(), dx.raw(), dx.dtype(), dx.numel());
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
-// The MoE layer on one rank: router -> dispatch preprocess -> permute -> experts -> combine
-// (+ shared expert), and the backward in the reverse order, split into dgrad and wgrad.
+// The MoE layer on one rank, plain and unfused: router -> dispatch preprocess -> permute ->
+// experts -> combine (+ shared expert), and the backward in the reverse order, split into dgrad
+// and wgrad. It is the reference the MoE block (moe_block.h, what the model and the benchmarks
+// run) is tested against, and what `epo moe-layer --dump` writes.
 //
 // The layer is a list of phase calls (router.h, dispatch.h, experts.h); each phase is also
 // callable on its own, which is how the expert-parallel runtime inserts its all-to-alls between
@@ -73,7 +75,7 @@ struct MoeContext {
     Tensor dx_perm;      // [Rp, H]
     Tensor dprobs_perm;  // [Rp] f32
     Tensor dweight;      // [T, K] f32
-    Tensor dx_acc;       // [T, H] f32 with a shared expert; else one row of scratch [H]
+    Tensor dx_acc;       // [T, H] f32
     MoePhaseTimes times;
 };
 
