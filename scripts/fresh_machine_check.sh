@@ -2,10 +2,11 @@
 # CI's fresh-machine step: installs, builds and smoke-runs the committed project inside a freshly
 # bootstrapped Debian 12 (../shared/tools/fresh-check, a chroot with nothing installed by hand),
 # so an install step that the CI machine happens not to need (a package it already holds) still
-# fails CI. It runs when the install inputs (scripts/setup.sh, the build scripts, CMakePresets.json,
-# cmake/ and every CMakeLists.txt) changed since the last fresh pass on this machine, or when this machine never passed one;
-# a pass leaves a stamp keyed on a hash of those inputs. About 8-10 minutes when it runs (most
-# of it the release build on 2 cores), under a second when it skips.
+# fails CI. It runs when the install inputs (scripts/setup.sh, the build scripts,
+# CMakePresets.json, cmake/ and every CMakeLists.txt) changed since the last fresh pass on this
+# machine, or when this machine never passed one; a pass leaves a stamp keyed on a hash of those
+# inputs. About 10 minutes on an idle 2-core machine when it runs (most of it the release build),
+# under a second when it skips.
 #
 # Usage: scripts/fresh_machine_check.sh [--force]
 #   EPO_FRESH_STAMP_DIR   where pass stamps live (default /var/cache/epo-ci)
@@ -37,11 +38,17 @@ fi
 
 echo "fresh-machine check: install inputs changed (hash $hash): setup, release build and a smoke run on a fresh Debian 12"
 start=$(date +%s)
-smoke='./scripts/setup.sh && ./scripts/build.sh release >/tmp/fresh-build.log 2>&1 || { tail -40 /tmp/fresh-build.log; exit 1; }
+# Every step must pass (no pipe hides a failure): the train log goes to a file, its last line is
+# shown.
+smoke='set -euo pipefail
+./scripts/setup.sh
+./scripts/build.sh release >/tmp/fresh-build.log 2>&1 || { tail -40 /tmp/fresh-build.log; exit 1; }
 build/release/bin/epo validate examples/tiny-moe-cpu.yaml >/dev/null
 source scripts/mpi_env.sh
-OMP_NUM_THREADS=1 mpirun -np 2 build/release/bin/epo train --model tiny-moe -ep 2 --max_steps 2 \
-  --moe_a2a_overlap true logger.log_dir=/tmp/fresh-runs | tail -2'
+OMP_NUM_THREADS=1 mpirun -np 2 build/release/bin/epo train --model tiny-moe -ep 2 --max_steps 4 \
+  --moe_a2a_overlap true logger.log_dir=/tmp/fresh-runs >/tmp/fresh-train.log 2>&1 ||
+  { tail -20 /tmp/fresh-train.log; exit 1; }
+grep "iteration        4/" /tmp/fresh-train.log | cut -c1-160'
 "$tool" . "$smoke"
 mkdir -p "$stamp_dir"
 date -u '+%Y-%m-%d %H:%M UTC'" ($(git rev-parse --short HEAD), $(($(date +%s) - start)) s)" >"$stamp"
