@@ -17,6 +17,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format                        # the formatting check (ctest clang_format)
   python3                             # scripts/sweep_overlap.py (standard library only) and its test
+  iproute2                            # scripts/emulated-cluster.sh: hosts as network namespaces
 )
 if [[ "${1:-}" == mpich ]]; then
   packages+=(libmpich-dev mpich)

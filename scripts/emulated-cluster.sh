@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# An emulated cluster on this one Linux machine: N "hosts", each a network namespace with one
+# NIC (a veth into a switch namespace holding a bridge), every NIC shaped by a token-bucket
+# qdisc to RATE in both directions (plus an optional netem delay), and Open MPI told to launch
+# its daemons into the namespaces (plm_rsh_agent: `ip netns exec` instead of ssh) and to talk TCP
+# over the hosts' subnet only. Nothing leaves the machine: the addresses live only inside
+# namespaces this script creates, and `down` removes them. Needs root and iproute2 (`ip`, `tc`).
+#
+#   scripts/emulated-cluster.sh up N RATE [DELAY]   e.g. `up 2 500mbit` or `up 4 1gbit 1ms`
+#   scripts/emulated-cluster.sh run CMD [ARGS...]    runs CMD on host 0 (where mpirun belongs)
+#                                                    with EPO_CLUSTER_HOSTS=ip:slots,... set and
+#                                                    the Open MPI settings exported
+#   scripts/emulated-cluster.sh exec H CMD [ARGS...] runs CMD on host H
+#   scripts/emulated-cluster.sh cut H | restore H    takes host H's NIC down / up (a cut link)
+#   scripts/emulated-cluster.sh kill H               kills every process on host H
+#   scripts/emulated-cluster.sh status | down
+#
+# Example, 2 hosts x 1 rank over 500 Mbit/s links:
+#   scripts/emulated-cluster.sh up 2 500mbit
+#   scripts/emulated-cluster.sh run bash -c 'mpirun -H "$EPO_CLUSTER_HOSTS" -np 2 \
+#       build/release/bin/epo train --model tiny-moe -ep 2 --max_steps 10'
+#   scripts/emulated-cluster.sh down
+# EPO_CLUSTER_SLOTS (default 1) sets the ranks each host takes in EPO_CLUSTER_HOSTS.
+# EPO_CLUSTER_NAME (default epo) names the cluster: namespaces NAME-h0.., NAME-sw, state in
+# /run/NAME-cluster; clusters of different names are independent (tests use their own).
+# docs/emulated-cluster.md says what such a cluster does and does not tell you.
+set -euo pipefail
+
+name=${EPO_CLUSTER_NAME:-epo}
+[[ $name =~ ^[a-z][a-z0-9]{0,7}$ ]] || { echo "emulated-cluster: EPO_CLUSTER_NAME='$name': 1-8 lower-case letters and digits" >&2; exit 1; }
+state=/run/$name-cluster
+prefix=$name-h
+switch=$name-sw
+subnet=10.77.0
+
+die() {
+    echo "emulated-cluster: $*" >&2
+    exit 1
+}
+need() {
+    [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
+    command -v ip >/dev/null && command -v tc >/dev/null || die "needs iproute2 (apt-get install iproute2)"
+}
+num_hosts() {
+    [[ -f $state/hosts ]] || die "no cluster is up (scripts/emulated-cluster.sh up N RATE)"
+    wc -l <"$state/hosts"
+}
+host_ns() {  # host index -> namespace
+    local h=$1
+    [[ $h =~ ^[0-9]+$ ]] && ((h < $(num_hosts))) || die "no host '$h' (hosts 0..$(($(num_hosts) - 1)))"
+    echo "$prefix$h"
+}
+
+up() {
+    need
+    local n=${1:?usage: up N RATE [DELAY]} rate=${2:?usage: up N RATE [DELAY]} delay=${3:-}
+    [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 64)) || die "N = '$n': give 1 to 64 hosts"
+    [[ $rate =~ ^[0-9.]+[kmg]?bit$ ]] || die "RATE = '$rate': give a tc rate such as 500mbit or 1gbit"
+    [[ -z $delay || $delay =~ ^[0-9.]+(us|ms)$ ]] || die "DELAY = '$delay': give e.g. 1ms or 200us"
+    [[ ! -f $state/hosts ]] || die "a cluster is already up ($state); run 'down' first"
+    mkdir -p "$state"
+    ip netns add $switch
+    ip -n $switch link add br0 type bridge
+    ip -n $switch link set br0 up
+    : >"$state/hosts"
+    for ((h = 0; h < n; ++h)); do
+        local ns=$prefix$h addr=$subnet.$((h + 1))
+        ip netns add "$ns"
+        ip link add eth0 netns "$ns" type veth peer name "p$h" netns $switch
+        ip -n $switch link set "p$h" master br0 up
+        ip -n "$ns" addr add "$addr/24" dev eth0
+        ip -n "$ns" link set lo up
+        ip -n "$ns" link set eth0 up
+        # The NIC: RATE out of the host (its egress) and into it (the switch port's egress).
+        shape "$ns" eth0 "$rate" "$delay"
+        shape $switch "p$h" "$rate" ""
+        echo "$addr $ns" >>"$state/hosts"
+    done
+    echo "$rate ${delay:-0}" >"$state/link"
+    cat >"$state/agent" <<EOF
+#!/bin/sh
+# Open MPI's remote-launch agent for the emulated cluster: runs the daemon's command line in the
+# namespace of the host it names, as ssh would run it on that host.
+host=\$1
+shift
+ns=\$(awk -v h="\$host" '\$1 == h {print \$2}' "$state/hosts")
+[ -n "\$ns" ] || { echo "emulated-cluster agent: unknown host \$host" >&2; exit 1; }
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+EOF
+    chmod +x "$state/agent"
+    echo "emulated-cluster: $n hosts ($subnet.1-$subnet.$n), each NIC $rate${delay:+, delay $delay}"
+}
+
+shape() {  # NS DEV RATE DELAY: tbf at RATE (burst for ~1 ms at that rate), netem first if DELAY
+    local ns=$1 dev=$2 rate=$3 delay=$4 parent="root"
+    if [[ -n $delay ]]; then
+        ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: netem delay "$delay" limit 100000
+        parent="parent 1:"
+    fi
+    ip netns exec "$ns" tc qdisc add dev "$dev" $parent handle 2: tbf rate "$rate" burst 256kb \
+        latency 400ms
+}
+
+run_on() {  # NS CMD...: with the Open MPI settings for the cluster
+    local ns=$1
+    shift
+    local slots=${EPO_CLUSTER_SLOTS:-1} hosts
+    hosts=$(awk -v s="$slots" '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, s}' "$state/hosts")
+    ip netns exec "$ns" env \
+        EPO_CLUSTER_HOSTS="$hosts" \
+        OMPI_MCA_plm_rsh_agent="$state/agent" \
+        OMPI_MCA_btl="self,vader,tcp" \
+        OMPI_MCA_btl_tcp_if_include="$subnet.0/24" \
+        OMPI_MCA_oob_tcp_if_include="$subnet.0/24" \
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        OMPI_MCA_rmaps_base_oversubscribe=1 \
+        "$@"
+}
+
+down() {
+    [[ -d $state ]] || { echo "emulated-cluster: nothing to remove"; return 0; }
+    for ns in $(ip netns list | awk '{print $1}' | grep -E "^($prefix[0-9]+|$switch)$" || true); do
+        ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$ns"
+    done
+    rm -rf "$state"
+    echo "emulated-cluster: removed"
+}
+
+cmd=${1:-}
+shift || true
+case $cmd in
+    up) up "$@" ;;
+    run) num_hosts >/dev/null; run_on "${prefix}0" "$@" ;;
+    exec) ns=$(host_ns "${1:?usage: exec H CMD}"); shift; run_on "$ns" "$@" ;;
+    cut) ip -n "$(host_ns "${1:?usage: cut H}")" link set eth0 down ;;
+    restore) ip -n "$(host_ns "${1:?usage: restore H}")" link set eth0 up ;;
+    kill) ip netns pids "$(host_ns "${1:?usage: kill H}")" | xargs -r kill -9 ;;
+    status)
+        num_hosts >/dev/null
+        echo "link: $(cat "$state/link") (rate, delay)"
+        cat "$state/hosts"
+        ;;
+    down) down ;;
+    *) die "usage: up N RATE [DELAY] | run CMD | exec H CMD | cut H | restore H | kill H | status | down" ;;
+esac
