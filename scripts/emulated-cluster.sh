@@ -106,14 +106,14 @@ run_on() {  # NS CMD...: with the Open MPI settings for the cluster
     shift
     local slots=${EPO_CLUSTER_SLOTS:-1} hosts
     hosts=$(awk -v s="$slots" '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, s}' "$state/hosts")
+    # scripts/mpi_env.sh: run as root, oversubscribe, give up on a silent host within ~25 s.
+    source "$(dirname "${BASH_SOURCE[0]}")/mpi_env.sh"
     ip netns exec "$ns" env \
         EPO_CLUSTER_HOSTS="$hosts" \
         OMPI_MCA_plm_rsh_agent="$state/agent" \
         OMPI_MCA_btl="self,vader,tcp" \
         OMPI_MCA_btl_tcp_if_include="$subnet.0/24" \
         OMPI_MCA_oob_tcp_if_include="$subnet.0/24" \
-        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        OMPI_MCA_rmaps_base_oversubscribe=1 \
         "$@"
 }
 
