@@ -93,7 +93,7 @@ TEST(FaultInjection, RefusesTargetsOutsideTheRun) {
 }
 
 // The wrapper runs every other call through the body, and makes the target call fail as a
-// compute failure of that node (kInternal, like a failing kernel), even on the comm stream.
+// compute failure of that node (kCompute), even on the comm stream.
 TEST(FaultInjection, TheTargetNodeFailsAsAComputeFailure) {
     const std::vector<schedule::NodeCall> calls = two_micro_batches();
     const std::optional<InjectedFailure> f =
@@ -124,7 +124,8 @@ TEST(FaultInjection, TheTargetNodeFailsAsAComputeFailure) {
             wrapped(c, context);
         } catch (const Error& e) {
             failed = true;
-            EXPECT_EQ(e.kind(), ErrorKind::kInternal) << e.what();
+            EXPECT_EQ(e.kind(), ErrorKind::kCompute) << e.what();
+            EXPECT_STREQ(error_kind_name(e.kind()), "compute failure");
             EXPECT_NE(e.kind(), ErrorKind::kComm);
             EXPECT_NE(std::string(e.what()).find("injected failure (EPO_INJECT_FAILURE) in "
                                                  "mb1.layer1.dispatch.forward of step 2"),

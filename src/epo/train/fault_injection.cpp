@@ -88,10 +88,9 @@ schedule::NodeBody with_injected_failure(schedule::NodeBody body,
     return [body = std::move(body), target = failure->call, step](const schedule::NodeCall& call,
                                                                   runtime::StreamContext& ctx) {
         if (schedule::call_name(call) == target) {
-            throw Error(ErrorKind::kInternal,
-                        fmt::format("injected failure ({}) in {} of step {}: the node's body "
-                                    "failed before it ran (a compute failure of this node, no "
-                                    "peer involved)",
+            throw Error(ErrorKind::kCompute,
+                        fmt::format("injected failure ({}) in {} of step {}: the node's own "
+                                    "work failed, no peer was involved",
                                     kVariable, target, step));
         }
         body(call, ctx);

@@ -5,9 +5,9 @@
 // exactly as any other: the wrapper is the only difference. Unset (the normal case), the body
 // is not wrapped at all.
 //
-// The injected error is a failure of the node's own work (ErrorKind::kInternal, what a failing
-// kernel raises), not a communication error: no peer and no collective is involved, even when
-// the node runs on the comm stream.
+// The injected error is a failure of the node's own work (ErrorKind::kCompute, "compute
+// failure"), not a communication error: no peer and no collective is involved, even when the
+// node runs on the comm stream.
 #pragma once
 
 #include <cstdint>
