@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "epo/bench/bench_run.h"
+#include "epo/bench/check_run.h"
 #include "epo/comm/launch.h"
 #include "epo/config/recipes.h"
 #include "epo/core/error.h"
@@ -108,7 +109,8 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
     ASSERT_EQ(r.exit_status, 0) << r.stdout_text << r.stderr_text;
     EXPECT_NE(r.stdout_text.find("2 ranks (2 nodes x 1)"), std::string::npos) << r.stdout_text;
     EXPECT_NE(r.stdout_text.find("overlap+delay_wgrad"), std::string::npos);
-    EXPECT_NE(r.stdout_text.find("loss trajectories bit-identical: yes"), std::string::npos)
+    EXPECT_NE(r.stdout_text.find("losses, grad norms and final parameters bit-identical: yes"),
+              std::string::npos)
         << r.stdout_text;
     EXPECT_NE(r.stdout_text.find("about"), std::string::npos);  // progress with time left
     for (const char* f : {"metrics.json", "report.html", "trace.json", "config.yaml",
@@ -122,7 +124,7 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
     for (const char* criterion :
          {"configuration finalized without errors", "overlap flags true in the logged config",
           "dispatcher type and backend logged when flex is used", "every step completed", "no hang",
-          "loss trajectory identical to the baseline"}) {
+          kIdenticalCriterion}) {
         EXPECT_NE(ok.stdout_text.find(std::string("PASS  ") + criterion), std::string::npos)
             << criterion << "\n"
             << ok.stdout_text;

@@ -80,6 +80,7 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
     write_bench_outputs(result, log);
     ASSERT_EQ(result.runs.size(), 3u);
     EXPECT_TRUE(result.loss_bitwise_identical);
+    EXPECT_TRUE(result.bitwise_identical);
     if (comm::current_world_rank() != 0) {
         return;
     }
@@ -98,6 +99,13 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
             EXPECT_GT(r.at("step_time_s").at(key).get<double>(), 0) << key;
         }
         EXPECT_EQ(r.at("losses").size(), 4u);
+        EXPECT_EQ(r.at("grad_norms").size(), 4u);
+        // The final parameters' checksum, one per repeat, the same in every run.
+        EXPECT_EQ(r.at("param_checksum").get<std::string>().rfind("fnv1a64:", 0), 0u);
+        EXPECT_EQ(r.at("param_checksums").size(), 2u);
+        EXPECT_EQ(r.at("param_checksum"), m.at("runs")[0].at("param_checksum"));
+        EXPECT_TRUE(r.at("grad_norms_match_baseline").get<bool>());
+        EXPECT_TRUE(r.at("params_match_baseline").get<bool>());
         // The comm thread's CPU time: positive (its copies and sums), below its busy time (it
         // sleeps through the link model and late peers).
         EXPECT_GT(r.at("comm_cpu_s").get<double>(), 0);
@@ -109,6 +117,7 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
     EXPECT_GT(m.at("overlap_speedup").get<double>(), 0);
     EXPECT_TRUE(m.contains("overlap_efficiency"));
     EXPECT_TRUE(m.at("loss_bitwise_identical").get<bool>());
+    EXPECT_TRUE(m.at("bitwise_identical").get<bool>());
     ASSERT_FALSE(m.at("calibration").is_null());
     // The chosen bandwidth moves every collective's bytes in R x the measured compute time less
     // the all-to-alls' own time without the link model (latency 0). How close the calibrated run
@@ -177,7 +186,26 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
                                          l = std::nextafter(l, 0.0);
                                          std::ofstream(d / "metrics.json") << j.dump();
                                      }),
-                        "loss trajectory identical to the baseline"));
+                        kIdenticalCriterion));
+    // Losses intact, one grad norm or the parameters' checksum planted: fails all the same.
+    EXPECT_FALSE(passed(check_broken(dir, "grad_norm",
+                                     [](const fs::path& d) {
+                                         nlohmann::json j =
+                                             nlohmann::json::parse(read_all(d / "metrics.json"));
+                                         double& g =
+                                             j["runs"][2]["grad_norms"][3].get_ref<double&>();
+                                         g = std::nextafter(g, 0.0);
+                                         std::ofstream(d / "metrics.json") << j.dump();
+                                     }),
+                        kIdenticalCriterion));
+    EXPECT_FALSE(passed(check_broken(dir, "checksum",
+                                     [](const fs::path& d) {
+                                         nlohmann::json j =
+                                             nlohmann::json::parse(read_all(d / "metrics.json"));
+                                         j["runs"][1]["param_checksum"] = "fnv1a64:0";
+                                         std::ofstream(d / "metrics.json") << j.dump();
+                                     }),
+                        kIdenticalCriterion));
     EXPECT_FALSE(passed(
         check_broken(dir, "hang", [](const fs::path& d) { fs::remove(d / "logs/rank-1.log"); }),
         "no hang"));

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/train/trainer.h"
@@ -71,14 +73,19 @@ std::vector<std::string> tiny(int world, std::vector<std::string> extra) {
 // losses, grad norms and final parameters over 20 steps, with 2, 3 and 8 micro-batches per step,
 // dropless and with capacity (token dropping by probability, padded to capacity), at every rank
 // count this binary runs at (mpi_ranks.txt).
+//
+// Each case also runs with model.gradient_accumulation_fusion=true (the bench proxy's setting:
+// weight gradients accumulate into main_grad inside the GEMM), for a subset that keeps the
+// matrix's time within CI's budget: every micro-batch count once, both token modes.
 struct MatrixCase {
     int micro_batches;
     bool capacity;
+    bool fused = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<MatrixCase>& info) {
     return std::to_string(info.param.micro_batches) + "mb_" +
-           (info.param.capacity ? "capacity" : "dropless");
+           (info.param.capacity ? "capacity" : "dropless") + (info.param.fused ? "_fused" : "");
 }
 
 class OverlapMatrix : public ::testing::TestWithParam<MatrixCase> {};
@@ -86,8 +93,9 @@ class OverlapMatrix : public ::testing::TestWithParam<MatrixCase> {};
 TEST_P(OverlapMatrix, BitIdenticalToBaseline) {
     constexpr int kSteps = 20;
     const int world = comm::current_world_size();
-    std::vector<std::string> common = {"train.global_batch_size=" +
-                                       std::to_string(2 * world * GetParam().micro_batches)};
+    std::vector<std::string> common = {
+        "train.global_batch_size=" + std::to_string(2 * world * GetParam().micro_batches),
+        std::string("model.gradient_accumulation_fusion=") + (GetParam().fused ? "true" : "false")};
     if (GetParam().capacity) {
         common.insert(common.end(),
                       {"model.moe_expert_capacity_factor=1.0", "model.moe_token_drop_policy=probs",
@@ -108,6 +116,7 @@ TEST_P(OverlapMatrix, BitIdenticalToBaseline) {
     ASSERT_FALSE(overlap.model.delay_wgrad_compute);
     ASSERT_TRUE(delayed.model.delay_wgrad_compute);
     ASSERT_EQ(base.model.moe_expert_capacity_factor.has_value(), GetParam().capacity);
+    ASSERT_EQ(delayed.model.gradient_accumulation_fusion, GetParam().fused);
     const RunRecord a = run(base, kSteps), b = run(overlap, kSteps), c = run(delayed, kSteps);
     for (const RunRecord* other : {&b, &c}) {
         expect_bit_identical(a, *other);
@@ -133,7 +142,9 @@ TEST_P(OverlapMatrix, BitIdenticalToBaseline) {
 INSTANTIATE_TEST_SUITE_P(Trainer, OverlapMatrix,
                          ::testing::Values(MatrixCase{2, false}, MatrixCase{3, false},
                                            MatrixCase{8, false}, MatrixCase{2, true},
-                                           MatrixCase{3, true}, MatrixCase{8, true}),
+                                           MatrixCase{3, true}, MatrixCase{8, true},
+                                           MatrixCase{2, false, true}, MatrixCase{3, true, true},
+                                           MatrixCase{8, false, true}),
                          case_name);
 
 // tiny-moe with `micro_batches` per step where experts have a data-parallel group on 4 ranks
@@ -330,6 +341,37 @@ TEST(Trainer, SkewedRoutingWithManyMicroBatchesFinishesAndMatches) {
     const RunRecord a = run(base, 3, skew), b = run(delayed, 3, skew);
     EXPECT_EQ(a.losses, b.losses);
     EXPECT_EQ(a.grad_norms, b.grad_norms);
+}
+
+// EPO_INJECT_FAILURE that could never fire (a rank outside the job, a step outside the run) or
+// that only parses by prefix ("1x:2y:...") is refused by every rank when the Trainer is built,
+// before any collective work, instead of running normally and exiting 0.
+TEST(Trainer, RefusesAnInjectedFailureThatCannotFire) {
+    const int world = comm::current_world_size();
+    const config::Config cfg = epo::testing::run_config(
+        "tiny-moe", tiny(world, {"train.global_batch_size=" + std::to_string(2 * world * 2),
+                                 "train.train_iters=5"}));
+    const std::string call = ":mb1.layer1.dispatch.forward";
+    for (const std::string& value :
+         {std::to_string(world) + ":2" + call, "-1:2" + call, "0:0" + call, "0:6" + call,
+          "1x:2y" + call, std::string("0:2:mb2.layer1.dispatch.forward")}) {
+        setenv("EPO_INJECT_FAILURE", value.c_str(), 1);
+        try {
+            Trainer t(cfg);
+            ADD_FAILURE() << "EPO_INJECT_FAILURE=" << value << " was accepted";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+            EXPECT_NE(std::string(e.what()).find("EPO_INJECT_FAILURE"), std::string::npos)
+                << e.what();
+        }
+    }
+    // In range: accepted, and the steps before the injected one run normally.
+    setenv("EPO_INJECT_FAILURE", ("0:5" + call).c_str(), 1);
+    {
+        Trainer t(cfg);
+        EXPECT_GT(t.step().lm_loss, 0);
+    }
+    unsetenv("EPO_INJECT_FAILURE");
 }
 
 }  // namespace

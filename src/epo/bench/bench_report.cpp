@@ -77,8 +77,13 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes) {
             {"grad_norms", r.grad_norms.empty() ? std::vector<double>{} : r.grad_norms.front()},
             {"steps_planned", r.steps_planned},
             {"steps_completed", r.steps_completed},
+            {"param_checksum", r.param_checksums.empty() ? "" : r.param_checksums.front()},
+            {"param_checksums", r.param_checksums},
             {"repeats_identical", r.repeats_identical},
             {"losses_match_baseline", r.losses_match_baseline},
+            {"grad_norms_match_baseline", r.grad_norms_match_baseline},
+            {"params_match_baseline", r.params_match_baseline},
+            {"baseline_differences", r.baseline_differences},
             {"critical_path_bound_s", optional_json(r.critical_path_bound_s)},
             {"overlap_efficiency", optional_json(r.overlap_efficiency)},
             {"speedup_vs_baseline", optional_json(r.speedup_vs_baseline)},
@@ -142,6 +147,7 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
             {"overlap_speedup", optional_json(result.overlap_speedup)},
             {"overlap_efficiency", optional_json(result.overlap_efficiency)},
             {"loss_bitwise_identical", result.loss_bitwise_identical},
+            {"bitwise_identical", result.bitwise_identical},
             {"wall_time_s", result.wall_s}};
 }
 
@@ -167,7 +173,7 @@ std::string format_table(const nlohmann::json& m) {
     std::string out =
         fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {}\n",
                     "schedule", "step time s: median [min, max]", "tokens/s", "TFLOP/s", "compute",
-                    "comm", "exposed", "speedup", "effic.", "peak RSS", "losses vs baseline");
+                    "comm", "exposed", "speedup", "effic.", "peak RSS", "bits vs baseline");
     out += fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9}\n", "", "",
                        "", "per rank", "s", "s", "s", "", "", "GiB");
     for (const auto& r : m.at("runs")) {
@@ -176,9 +182,14 @@ std::string format_table(const nlohmann::json& m) {
             fmt::format("{:.3f} [{:.3f}, {:.3f}]", st.at("median").get<double>(),
                         st.at("min").get<double>(), st.at("max").get<double>());
         const std::string name = r.at("name");
-        const std::string losses = name == "baseline"                          ? "(reference)"
-                                   : r.at("losses_match_baseline").get<bool>() ? "bit-identical"
-                                                                               : "DIFFERENT";
+        // Losses, grad norms and final parameters, bit for bit.
+        const bool same = r.at("losses_match_baseline").get<bool>() &&
+                          r.at("grad_norms_match_baseline").get<bool>() &&
+                          r.at("params_match_baseline").get<bool>();
+        const std::string losses =
+            name == "baseline" ? "(reference)"
+            : same             ? "bit-identical"
+                               : "DIFFERENT: " + r.at("baseline_differences").get<std::string>();
         out += fmt::format(
             "{:<20} {:>26} {:>9.0f} {:>8.3g} {:>8.3f} {:>8.3f} {:>8.3f} {:>7} {:>6} {:>9.2f} {}\n",
             name, step, r.at("tokens_per_s").get<double>(), r.at("tflops_per_rank").get<double>(),
@@ -215,10 +226,10 @@ std::string format_table(const nlohmann::json& m) {
     }
     out += fmt::format(
         "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
-        "{}; loss trajectories bit-identical: {}\n",
+        "{}; losses, grad norms and final parameters bit-identical: {}\n",
         opt_fixed(m.at("overlap_speedup"), "{:.2f}x"),
         opt_fixed(m.at("overlap_efficiency"), "{:.2f}"),
-        m.at("loss_bitwise_identical").get<bool>() ? "yes" : "NO");
+        m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
     return out;
 }
 

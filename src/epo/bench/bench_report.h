@@ -6,11 +6,15 @@
 //           step_time_s {median, min, max}, step_times_s[], tokens_per_s, tflops_per_rank,
 //           compute_s, comm_s, exposed_comm_s, comm_cpu_s (medians over measured steps of the
 //           largest over ranks), peak_rss_bytes, peak_activation_bytes, losses[], grad_norms[]
-//           (first repeat), steps_planned, steps_completed, repeats_identical,
-//           losses_match_baseline, critical_path_bound_s, overlap_efficiency, speedup_vs_baseline,
+//           (first repeat), param_checksum (train/param_checksum.h, first repeat),
+//           param_checksums[] (every repeat), steps_planned, steps_completed, repeats_identical
+//           (losses, grad norms and checksums), losses_match_baseline, grad_norms_match_baseline,
+//           params_match_baseline, baseline_differences ("" or what differs),
+//           critical_path_bound_s, overlap_efficiency, speedup_vs_baseline,
 //           nodes {kind: {stream, calls_per_step, seconds_per_step[rank],
 //           bytes_sent_per_step[rank], bytes_received_per_step[rank]}}
-//   overlap_speedup, overlap_efficiency (the "overlap" run's), loss_bitwise_identical,
+//   overlap_speedup, overlap_efficiency (the "overlap" run's), loss_bitwise_identical (losses
+//   only), bitwise_identical (losses, grad norms and final parameters of every run),
 //   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null; bytes per step
 //   of the all-to-alls, gradient reductions, parameter gathers and optimizer-step reductions),
 //   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,

@@ -15,6 +15,7 @@
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
 #include "epo/schedule/schedule.h"
+#include "epo/train/param_checksum.h"
 #include "epo/train/train_run.h"
 #include "epo/train/trainer.h"
 
@@ -214,11 +215,21 @@ void derive(BenchResult& result) {
             r.tokens_per_s = m.tokens_per_s * m.step_time_s / r.step_time_s.median;
             r.tflops_per_rank = m.tflops_per_rank * m.step_time_s / r.step_time_s.median;
         }
-        for (const auto& rep : r.losses) {
-            r.repeats_identical = r.repeats_identical && rep == r.losses.front();
+        // Bit for bit, on the losses, the grad norms and the final parameters (metrics.h).
+        const auto bits_of = [](const ScheduleRun& run, size_t rep) {
+            return RunBits{run.losses[rep], run.grad_norms[rep],
+                           rep < run.param_checksums.size() ? run.param_checksums[rep] : ""};
+        };
+        for (size_t rep = 1; rep < r.losses.size(); ++rep) {
+            r.repeats_identical =
+                r.repeats_identical && compare_bits(bits_of(r, 0), bits_of(r, rep)).all();
         }
         if (base && !base->losses.empty() && !r.losses.empty()) {
-            r.losses_match_baseline = r.losses.front() == base->losses.front();
+            const BitComparison c = compare_bits(bits_of(*base, 0), bits_of(r, 0));
+            r.losses_match_baseline = c.losses;
+            r.grad_norms_match_baseline = c.grad_norms;
+            r.params_match_baseline = c.params;
+            r.baseline_differences = c.differences;
         }
         if (base && &r != base && r.schedule.overlap && !r.durations.empty()) {
             r.critical_path_bound_s =
@@ -233,6 +244,9 @@ void derive(BenchResult& result) {
     for (const ScheduleRun& r : result.runs) {
         result.loss_bitwise_identical =
             result.loss_bitwise_identical && r.losses_match_baseline && r.repeats_identical;
+        result.bitwise_identical = result.bitwise_identical && r.losses_match_baseline &&
+                                   r.grad_norms_match_baseline && r.params_match_baseline &&
+                                   r.repeats_identical;
         if (r.schedule.name == "overlap" && base) {
             result.overlap_speedup = r.speedup_vs_baseline;
             result.overlap_efficiency = r.overlap_efficiency;
@@ -490,6 +504,8 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
                         << std::flush;
                 }
             }
+            // Collective; after the steps, outside every timing.
+            run.param_checksums.push_back(train::final_param_checksum(trainer));
         }
     }
     for (ScheduleRun& run : result.runs) {

@@ -108,8 +108,14 @@ struct ScheduleRun {
     std::optional<double> critical_path_bound_s;  // overlap runs: largest over ranks
     std::optional<double> overlap_efficiency;
     std::optional<double> speedup_vs_baseline;  // baseline median / this median
-    bool repeats_identical = true;              // every repeat the same losses, bit for bit
+    // train/param_checksum.h after the last step of each repeat.
+    std::vector<std::string> param_checksums;  // [repeat]
+    // Every repeat the same losses, grad norms and final parameters, bit for bit.
+    bool repeats_identical = true;
     bool losses_match_baseline = true;
+    bool grad_norms_match_baseline = true;
+    bool params_match_baseline = true;
+    std::string baseline_differences;  // "" or what differs (metrics.h compare_bits)
 };
 
 struct BenchResult {
@@ -120,7 +126,9 @@ struct BenchResult {
     std::optional<LinkCalibration> calibration;
     int repeats = 1;
     int warmup_steps = 0;
-    bool loss_bitwise_identical = true;
+    bool loss_bitwise_identical = true;  // every run's losses and repeats as the baseline's
+    // Losses, grad norms and final parameters of every run and repeat as the baseline's.
+    bool bitwise_identical = true;
     std::optional<double> overlap_speedup;     // baseline median / "overlap" median
     std::optional<double> overlap_efficiency;  // of the "overlap" run
     double wall_s = 0;

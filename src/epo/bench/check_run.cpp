@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "epo/bench/metrics.h"
 #include "epo/config/validate.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
@@ -178,31 +179,27 @@ const nlohmann::json* baseline_or_explain(const RunDir& d, Criterion& c) {
     return base;
 }
 
-Criterion losses_identical(const RunDir& d) {
-    Criterion c{"loss trajectory identical to the baseline", false, ""};
-    const nlohmann::json* base = baseline_or_explain(d, c);
-    if (!base) {
-        return c;
-    }
-    for (const auto& r : d.metrics["runs"]) {
-        const auto& a = (*base)["losses"];
-        const auto& b = r["losses"];
-        for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-            if (i >= a.size() || i >= b.size() || a[i].get<double>() != b[i].get<double>()) {
-                c.detail = fmt::format("run {} differs from the baseline at step {}",
-                                       r.value("name", "?"), i + 1);
-                return c;
+// A run's losses, grad norms and final-parameter checksum as metrics.json holds them (first
+// repeat); what is missing or not a number stays empty, so it never matches.
+RunBits bits_of(const nlohmann::json& run) {
+    RunBits bits;
+    for (const auto& [key, out] :
+         {std::pair{"losses", &bits.losses}, std::pair{"grad_norms", &bits.grad_norms}}) {
+        const auto it = run.find(key);
+        if (it == run.end() || !it->is_array())
+            continue;
+        for (const auto& v : *it) {
+            if (!v.is_number()) {
+                out->clear();
+                break;
             }
-        }
-        if (!r.value("repeats_identical", false)) {
-            c.detail = fmt::format("run {}: repeats gave different losses", r.value("name", "?"));
-            return c;
+            out->push_back(v.get<double>());
         }
     }
-    c.pass = true;
-    c.detail = fmt::format("{} run(s) bit-identical over {} steps", d.metrics["runs"].size(),
-                           (*base)["losses"].size());
-    return c;
+    const auto it = run.find("param_checksum");
+    if (it != run.end() && it->is_string())
+        bits.param_checksum = it->get<std::string>();
+    return bits;
 }
 
 Criterion throughput(const RunDir& d) {
@@ -234,6 +231,35 @@ Criterion throughput(const RunDir& d) {
 
 }  // namespace
 
+Criterion identical_to_baseline(const nlohmann::json& metrics) {
+    Criterion c{kIdenticalCriterion, false, ""};
+    const nlohmann::json* base = metrics.is_object() ? find_run(metrics, "baseline") : nullptr;
+    if (!base) {
+        c.detail = "no baseline run to compare with (run epo bench --compare)";
+        return c;
+    }
+    const RunBits reference = bits_of(*base);
+    for (const auto& r : metrics["runs"]) {
+        const std::string name = r.value("name", "?");
+        const BitComparison cmp = compare_bits(reference, bits_of(r));
+        if (!cmp.all()) {
+            c.detail = fmt::format("run {} differs from the baseline in {}", name, cmp.differences);
+            return c;
+        }
+        if (!r.value("repeats_identical", false)) {
+            c.detail = fmt::format(
+                "run {}: repeats gave different losses, grad norms or final parameters", name);
+            return c;
+        }
+    }
+    c.pass = true;
+    c.detail = fmt::format(
+        "{} run(s) bit-identical over {} steps (losses, grad norms) and in their final "
+        "parameters ({})",
+        metrics["runs"].size(), reference.losses.size(), reference.param_checksum);
+    return c;
+}
+
 std::vector<Criterion> check_run_dir(const std::filesystem::path& dir) {
     RunDir d;
     d.dir = dir;
@@ -255,7 +281,12 @@ std::vector<Criterion> check_run_dir(const std::filesystem::path& dir) {
     out.push_back(flex_logged(d, cfg));
     out.push_back(steps_completed(d));
     out.push_back(no_hang(d));
-    out.push_back(losses_identical(d));
+    Criterion identical{kIdenticalCriterion, false, ""};
+    if (!d.metrics.is_object())
+        identical.detail = d.metrics_problem;
+    else
+        identical = identical_to_baseline(d.metrics);
+    out.push_back(identical);
     out.push_back(throughput(d));
     return out;
 }

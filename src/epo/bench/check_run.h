@@ -11,12 +11,15 @@
 //   flex dispatcher logged     when the dispatcher is flex: its type and backend in the log
 //   every step completed       steps_completed == steps_planned and one finite loss per step
 //   no hang                    metrics.json says completed and every rank's log ends in "done"
-//   loss identical             every run's losses equal the baseline's, bit for bit
+//   identical to the baseline  every run's losses and grad norms (every step) and final-parameter
+//                               checksum equal the baseline's, bit for bit, and every repeat's
+//                               its first's (losses alone can pass a wrong run: metrics.h)
 //   throughput                 the overlap runs' median step time is at most the baseline's
 //                               times 1 + kThroughputTolerance (shared-machine noise)
 #pragma once
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,13 @@ struct Criterion {
     bool pass = false;
     std::string detail;
 };
+
+inline constexpr const char* kIdenticalCriterion =
+    "losses, grad norms and final parameters identical to the baseline";
+
+// The "identical to the baseline" criterion on a parsed metrics.json (recomputed from its
+// arrays and checksums, not from its summary flags).
+Criterion identical_to_baseline(const nlohmann::json& metrics);
 
 // Never throws for a broken directory: what is missing or malformed fails its criteria.
 std::vector<Criterion> check_run_dir(const std::filesystem::path& dir);

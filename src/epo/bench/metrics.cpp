@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -222,6 +223,42 @@ Summary summarize(std::vector<double> values) {
     s.max = *std::max_element(values.begin(), values.end());
     s.median = median_of(std::move(values));
     return s;
+}
+
+namespace {
+
+// 0 when `a` and `b` are equal bit for bit, else the first step (from 1) where they differ.
+size_t first_difference(const std::vector<double>& a, const std::vector<double>& b) {
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+        if (i >= a.size() || i >= b.size() || std::memcmp(&a[i], &b[i], sizeof(double)) != 0)
+            return i + 1;
+    }
+    return 0;
+}
+
+}  // namespace
+
+BitComparison compare_bits(const RunBits& a, const RunBits& b) {
+    BitComparison c;
+    const size_t loss_step = first_difference(a.losses, b.losses);
+    const size_t norm_step = first_difference(a.grad_norms, b.grad_norms);
+    c.losses = loss_step == 0 && !a.losses.empty();
+    c.grad_norms = norm_step == 0 && !a.grad_norms.empty();
+    c.params = !a.param_checksum.empty() && a.param_checksum == b.param_checksum;
+    const auto add = [&](const std::string& what) {
+        c.differences += (c.differences.empty() ? "" : ", ") + what;
+    };
+    if (!c.losses)
+        add(a.losses.empty() ? "losses (none recorded)"
+                             : fmt::format("losses (first at step {})", loss_step));
+    if (!c.grad_norms)
+        add(a.grad_norms.empty() ? "grad norms (none recorded)"
+                                 : fmt::format("grad norms (first at step {})", norm_step));
+    if (!c.params)
+        add(a.param_checksum.empty() || b.param_checksum.empty()
+                ? "final parameters (no checksum recorded)"
+                : fmt::format("final parameters ({} vs {})", a.param_checksum, b.param_checksum));
+    return c;
 }
 
 }  // namespace epo::bench

@@ -119,4 +119,21 @@ struct Summary {
 };
 Summary summarize(std::vector<double> values);  // empty -> zeros
 
+// What "identical to the baseline" is judged on: the losses alone can pass a wrong run (a
+// planted reordering of gradient accumulation in overlap runs kept all 20 losses bit-identical
+// at 2 micro-batches while the grad norms and the weights differed), so the grad norms of every
+// step and the final parameters' checksum (train/param_checksum.h) are compared too.
+struct RunBits {
+    std::vector<double> losses, grad_norms;  // per step
+    std::string param_checksum;              // "" when not recorded
+};
+struct BitComparison {
+    bool losses = false, grad_norms = false, params = false;
+    bool all() const { return losses && grad_norms && params; }
+    // "" when all match, else what differs: "grad norms (first at step 3), final parameters".
+    std::string differences;
+};
+// Bit for bit (memcmp of each double); an empty record or a missing checksum never matches.
+BitComparison compare_bits(const RunBits& a, const RunBits& b);
+
 }  // namespace epo::bench

@@ -243,9 +243,12 @@ std::string summary_table(const nlohmann::json& m) {
             opt(r.at("critical_path_bound_s"), "{:.3f}"),
             r.at("peak_rss_bytes").get<double>() / (1024.0 * 1024 * 1024),
             r.at("peak_activation_bytes").get<double>() / (1024.0 * 1024),
-            name == "baseline"                          ? "reference"
-            : r.at("losses_match_baseline").get<bool>() ? "bit-identical"
-                                                        : "<b>different</b>");
+            name == "baseline" ? "reference"
+            : r.at("losses_match_baseline").get<bool>() &&
+                    r.at("grad_norms_match_baseline").get<bool>() &&
+                    r.at("params_match_baseline").get<bool>()
+                ? "bit-identical"
+                : "<b>different</b>: " + escape(r.at("baseline_differences")));
     }
     return t + "</table>\n";
 }
@@ -284,10 +287,10 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
     };
     html += fmt::format(
         "<p><b>Overlap speedup {}</b> (baseline over overlap, median step times); overlap "
-        "efficiency {} against the critical-path bound; loss trajectories bit-identical: "
-        "<b>{}</b>.</p>\n",
+        "efficiency {} against the critical-path bound; losses, grad norms and final parameters "
+        "bit-identical: <b>{}</b>.</p>\n",
         opt(m.at("overlap_speedup"), "{:.2f}x"), opt(m.at("overlap_efficiency"), "{:.2f}"),
-        m.at("loss_bitwise_identical").get<bool>() ? "yes" : "NO");
+        m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
     html +=
         "<h2>Loss per step</h2>\n<p>Every run's training loss (first repeat); identical "
         "trajectories lie on top of each other.</p>\n" +

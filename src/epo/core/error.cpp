@@ -16,6 +16,8 @@ const char* error_kind_name(ErrorKind kind) {
             return "communication error";
         case ErrorKind::kNumerics:
             return "numerical error";
+        case ErrorKind::kCompute:
+            return "compute failure";
         case ErrorKind::kInternal:
             return "internal error";
     }

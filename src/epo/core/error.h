@@ -21,6 +21,7 @@ enum class ErrorKind {
     kIo,        // files: missing, unreadable, truncated, corrupt
     kComm,      // MPI failures, timeouts, a peer that died
     kNumerics,  // NaN/Inf and similar
+    kCompute,   // a node's own work failed (no peer involved), e.g. EPO_INJECT_FAILURE
     kInternal,  // a broken invariant inside the library (a bug)
 };
 

@@ -1,18 +1,8 @@
-// The training loop of one rank: data for each micro-batch, the step's schedule (baseline, or
-// the combined-1F1B overlap schedule when overlap_moe_expert_parallel_comm is on) issued to the
-// compute and comm streams, then on the compute stream: gradient reduction over data-parallel
-// groups (unless ddp.overlap_grad_reduce already reduced the gradients bucket by bucket on the
-// comm stream during the last backward), global gradient norm and clipping, AdamW on fp32
-// masters, fresh compute copies, expert-bias updates and the step's loss reduction.
-//
-// With the distributed optimizer (ddp.use_distributed_optimizer, ZeRO-1 as in Megatron-Core)
-// every parameter's elements are split into one shard per rank of its data-parallel group
-// (communicator.h's shard_of): gradients are reduce-scattered instead of all-reduced, each rank
-// keeps Adam moments and updates masters for its shard only, and the updated compute copies are
-// all-gathered: at the end of the optimizer step, or, with ddp.overlap_param_gather, bucket by
-// bucket on the comm stream during the next step's first forward. The sums, the norm and the
-// updates are the same operations on the same values, so the distributed optimizer is bit-for-bit
-// the plain one (docs/design.md).
+// The training loop of one rank, each step: the micro-batches' data, the step plan
+// (step_plan.h: baseline, or the combined-1F1B overlap schedule when
+// overlap_moe_expert_parallel_comm is on) issued to the compute and comm streams, then on the
+// compute stream the optimizer step (optimizer.h: reduction, norm, clipping, AdamW, gathers), the
+// expert-bias update and the step's loss reduction.
 //
 // Every rank runs the same Trainer; collectives go through each stream's own communicators.
 // Both schedules run the same nodes, kernels and collectives in the same per-parameter order, so
@@ -32,10 +22,11 @@
 #include "epo/model/gpt_model.h"
 #include "epo/runtime/rank_streams.h"
 #include "epo/schedule/schedule.h"
-#include "epo/train/adam.h"
 #include "epo/train/dataset.h"
+#include "epo/train/fault_injection.h"
 #include "epo/train/flops.h"
-#include "epo/train/lr_schedule.h"
+#include "epo/train/optimizer.h"
+#include "epo/train/step_plan.h"
 
 namespace epo::train {
 
@@ -64,18 +55,6 @@ struct TrainerOptions {
     MPI_Comm comm = MPI_COMM_WORLD;
 };
 
-// Fault injection for failure tests: the environment variable EPO_INJECT_FAILURE=RANK:STEP:CALL
-// (CALL a schedule::call_name such as "mb1.layer0.combine.forward") makes that node throw on
-// that rank in that step, so tests can check that one failing rank ends the whole job with a
-// message. Unset (the normal case), nothing is checked.
-struct InjectedFailure {
-    int rank = -1;
-    int64_t step = 0;
-    std::string call;
-};
-// The parsed variable, or nullopt when unset. A malformed value is an epo::Error (kUsage).
-std::optional<InjectedFailure> injected_failure_from_env();
-
 class Trainer {
 public:
     // `cfg` must be finalized and valid for the runtime; MPI must be running. Collective: every
@@ -88,7 +67,7 @@ public:
     StepResult step();
 
     int64_t steps_done() const { return steps_done_; }
-    bool overlap() const { return overlap_; }
+    bool overlap() const { return plan_.overlap; }
     model::GptModel& model() { return *model_; }
     const model::GptShape& shape() const { return model_->shape(); }
     int world_rank() const { return world_rank_; }
@@ -97,7 +76,8 @@ public:
     // Model FLOPs of one step over all ranks (reference formula).
     double step_flops() const { return step_flops_; }
     // The node calls one step issues (for traces and the critical-path bound).
-    const std::vector<schedule::NodeCall>& schedule_calls() const { return calls_; }
+    const std::vector<schedule::NodeCall>& schedule_calls() const { return plan_.calls; }
+    const StepPlan& plan() const { return plan_; }
 
     // Between steps, the distributed optimizer leaves each rank the current fp32 masters of its
     // own shards only, and (with ddp.overlap_param_gather) the other shards' compute copies for
@@ -105,7 +85,7 @@ public:
     // copy in full. Collective (every rank, between steps); a no-op without the distributed
     // optimizer.
     void sync_params();
-    bool distributed_optimizer() const { return distributed_; }
+    bool distributed_optimizer() const { return optimizer_.distributed; }
 
     // Checkpoints (trainer_state.cpp, format in checkpoint/checkpoint.h). Both are collective
     // over `world` (every rank, between steps, on the thread that calls step()).
@@ -122,59 +102,31 @@ public:
     void load_checkpoint(const std::filesystem::path& checkpoint_dir, comm::Communicator& world);
 
 private:
-    struct OptimizerState {
-        std::vector<Param*> params;  // dense, then expert
-        size_t num_dense = 0;        // params[i] is an expert parameter (group edp) from here on
-        comm::Communicator& group_of(size_t i, comm::ProcessGroups& groups) const {
-            return i >= num_dense ? groups.edp : groups.dp;
-        }
-        // The elements this rank updates: its shard when the optimizer is distributed over a
-        // group of 2 or more, else all of them.
-        std::vector<comm::ShardRange> shard;
-        std::vector<std::vector<float>> exp_avg, exp_avg_sq;  // [param](shard size) Adam m, v
-    };
-    struct GradBucket {
+    // A resolved bucket of the plan: the parameters its reduction / gather covers.
+    struct ParamBucket {
         std::vector<Param*> dense, expert;
     };
     void finish_step(runtime::StreamContext& ctx, StepResult& result);
-    void plan_grad_buckets(schedule::ScheduleShape& sched);
-    void reduce_grads(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
-                      comm::ProcessGroups& groups);
-    // Sum of squares of the gradients of params[begin, end) (one group), scaled by `factor`,
-    // added in (parameter, shard) order so that both optimizers get the same bits.
-    double sum_squares(size_t begin, size_t end, comm::Communicator& group, float factor);
-    // Distributed optimizer: the compute copies of `dense` / `expert` gathered from every shard.
-    void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
-                       comm::ProcessGroups& groups);
-    // Whole-tensor Adam moments for a checkpoint: the state itself, or every shard gathered.
-    std::vector<std::vector<float>> full_moments(bool second, comm::ProcessGroups& groups) const;
+    schedule::NodeBody node_body(bool gather_pending);
+    void add_stream_records(StepResult& result);
 
     config::Config cfg_;
     TrainerOptions options_;
     int world_rank_ = 0;
     int world_size_ = 1;
-    int ep_size_ = 1;
-    int dp_size_ = 1;
     int64_t num_micro_batches_ = 1;
-    bool overlap_ = false;
-    bool distributed_ = false;           // distributed optimizer over a group of 2 or more
-    bool param_gather_overlap_ = false;  // gathers run in the next step's first forward
-    bool params_pending_ = false;        // compute copies wait for that gather
     int64_t steps_done_ = 0;
     double step_flops_ = 0;
 
+    StepPlan plan_;
+    std::vector<ParamBucket> buckets_;  // plan_.buckets with their parameters
     runtime::RankStreams streams_;
     Arena compute_scratch_{"compute scratch"};
     Arena comm_scratch_{"comm scratch"};
     std::unique_ptr<model::GptModel> model_;
-    std::unique_ptr<OptimizerState> optimizer_;
+    OptimizerConfig optimizer_config_;
+    OptimizerState optimizer_;
     std::unique_ptr<Dataset> dataset_;
-    LrScheduleConfig lr_;
-    AdamConfig adam_;
-    double clip_grad_ = 1.0;
-    std::vector<schedule::NodeCall> calls_;
-    std::vector<GradBucket> buckets_;  // in backward order (ScheduleShape::bucket_ends)
-    bool reduce_in_buckets_ = false;   // else the optimizer step reduces the gradients
     std::optional<InjectedFailure> injected_failure_;
 };
 

@@ -79,24 +79,6 @@ void check_tensors_match(const std::vector<io::NamedTensor>& expected,
 
 }  // namespace
 
-std::vector<std::vector<float>> Trainer::full_moments(bool second,
-                                                      comm::ProcessGroups& groups) const {
-    std::vector<std::vector<float>> full;
-    for (size_t i = 0; i < optimizer_->params.size(); ++i) {
-        const Param& p = *optimizer_->params[i];
-        const std::vector<float>& mine =
-            second ? optimizer_->exp_avg_sq[i] : optimizer_->exp_avg[i];
-        const comm::ShardRange shard = optimizer_->shard[i];
-        std::vector<float>& f = full.emplace_back(static_cast<size_t>(p.master.numel()), 0.0f);
-        std::copy(mine.begin(), mine.end(), f.begin() + shard.begin);
-        if (shard.size() != p.master.numel()) {
-            comm::Communicator& group = optimizer_->group_of(i, groups);
-            group.all_gather_shards(f.data(), p.master.numel(), sizeof(float));
-        }
-    }
-    return full;
-}
-
 std::filesystem::path Trainer::save_checkpoint(const std::filesystem::path& save_dir,
                                                comm::Communicator& world) {
     const checkpoint::CheckpointInfo info{
@@ -108,17 +90,18 @@ std::filesystem::path Trainer::save_checkpoint(const std::filesystem::path& save
     // Whole tensors in the files either way: the distributed optimizer's shards are gathered.
     sync_params();
     std::vector<std::vector<float>> exp_avg, exp_avg_sq;
-    if (distributed_) {
+    if (optimizer_.distributed) {
         streams_.comm->enqueue("gather_moments", [&](runtime::StreamContext& ctx) {
-            exp_avg = full_moments(false, ctx.comm());
-            exp_avg_sq = full_moments(true, ctx.comm());
+            exp_avg = full_moments(optimizer_, false, ctx.comm());
+            exp_avg_sq = full_moments(optimizer_, true, ctx.comm());
         });
         streams_.synchronize();
     }
     return checkpoint::save_checkpoint(
         save_dir, info,
-        state_views(*model_, optimizer_->params, distributed_ ? exp_avg : optimizer_->exp_avg,
-                    distributed_ ? exp_avg_sq : optimizer_->exp_avg_sq),
+        state_views(*model_, optimizer_.params,
+                    optimizer_.distributed ? exp_avg : optimizer_.exp_avg,
+                    optimizer_.distributed ? exp_avg_sq : optimizer_.exp_avg_sq),
         world);
 }
 
@@ -126,15 +109,15 @@ void Trainer::load_checkpoint(const std::filesystem::path& checkpoint_dir,
                               comm::Communicator& world) {
     // The files hold whole moments; the distributed optimizer keeps its shard of them.
     std::vector<std::vector<float>> exp_avg, exp_avg_sq;
-    if (distributed_) {
-        for (const Param* p : optimizer_->params) {
+    if (optimizer_.distributed) {
+        for (const Param* p : optimizer_.params) {
             exp_avg.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
             exp_avg_sq.emplace_back(static_cast<size_t>(p->master.numel()), 0.0f);
         }
     }
-    const std::vector<io::NamedTensor> views =
-        state_views(*model_, optimizer_->params, distributed_ ? exp_avg : optimizer_->exp_avg,
-                    distributed_ ? exp_avg_sq : optimizer_->exp_avg_sq);
+    const std::vector<io::NamedTensor> views = state_views(
+        *model_, optimizer_.params, optimizer_.distributed ? exp_avg : optimizer_.exp_avg,
+        optimizer_.distributed ? exp_avg_sq : optimizer_.exp_avg_sq);
     checkpoint::RankCheckpoint loaded;
     std::exception_ptr failure;
     try {
@@ -149,18 +132,18 @@ void Trainer::load_checkpoint(const std::filesystem::path& checkpoint_dir,
     checkpoint::agree_on_success(world, failure);
     for (const io::NamedTensor& v : views)
         v.tensor.copy_from(loaded.file.at(v.name));
-    for (size_t i = 0; distributed_ && i < optimizer_->params.size(); ++i) {
-        const comm::ShardRange shard = optimizer_->shard[i];
+    for (size_t i = 0; optimizer_.distributed && i < optimizer_.params.size(); ++i) {
+        const comm::ShardRange shard = optimizer_.shard[i];
         std::copy(exp_avg[i].begin() + shard.begin, exp_avg[i].begin() + shard.end,
-                  optimizer_->exp_avg[i].begin());
+                  optimizer_.exp_avg[i].begin());
         std::copy(exp_avg_sq[i].begin() + shard.begin, exp_avg_sq[i].begin() + shard.end,
-                  optimizer_->exp_avg_sq[i].begin());
+                  optimizer_.exp_avg_sq[i].begin());
     }
-    for (Param* p : optimizer_->params) {
+    for (Param* p : optimizer_.params) {
         refresh_compute(*p);
         zero_grad(*p);
     }
-    params_pending_ = false;  // every rank has loaded every weight in full
+    optimizer_.params_pending = false;  // every rank has loaded every weight in full
     steps_done_ = loaded.info.iteration;
 }
 

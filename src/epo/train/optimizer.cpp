@@ -1,0 +1,251 @@
+#include "epo/train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <utility>
+
+#include "epo/config/finalize.h"
+#include "epo/core/error.h"
+#include "epo/train/nonfinite.h"
+
+namespace epo::train {
+namespace {
+
+// Sum over the group of one double per rank, added in group-rank order (exact and identical on
+// every rank).
+double group_sum(comm::Communicator& c, double local) {
+    std::vector<double> all(static_cast<size_t>(c.size()));
+    c.all_gather(std::span<const double>(&local, 1), std::span<double>(all));
+    double s = 0;
+    for (double v : all)
+        s += v;
+    return s;
+}
+
+LrDecayStyle lr_style(config::LrDecayStyle s) {
+    switch (s) {
+        case config::LrDecayStyle::kCosine:
+            return LrDecayStyle::kCosine;
+        case config::LrDecayStyle::kLinear:
+            return LrDecayStyle::kLinear;
+        case config::LrDecayStyle::kConstant:
+            return LrDecayStyle::kConstant;
+    }
+    return LrDecayStyle::kLinear;
+}
+
+// Sum of squares of the gradients of params[begin, end) (one group), scaled by `factor`, added in
+// (parameter, shard) order so that both optimizers get the same bits: the distributed one, which
+// has only its own shards reduced, computes its shards and gathers the others' partial sums.
+double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::Communicator& group,
+                   float factor) {
+    const int g = group.size();
+    const size_t k = end - begin;
+    // parts[j * g + r]: shard r of parameter begin + j.
+    std::vector<double> parts(k * static_cast<size_t>(g), 0.0);
+    for (size_t j = 0; j < k; ++j) {
+        Param& p = *state.params[begin + j];
+        float* grad = p.main_grad.data<float>();
+        for (int r = 0; r < g; ++r) {
+            if (state.distributed && r != group.rank())
+                continue;  // that shard's owner computes it
+            const comm::ShardRange range = comm::shard_of(p.main_grad.numel(), g, r);
+            parts[j * g + r] = scale_and_sum_squares(grad + range.begin,
+                                                     static_cast<size_t>(range.size()), factor);
+        }
+    }
+    if (state.distributed && g > 1) {
+        std::vector<double> mine(k), all(k * static_cast<size_t>(g));
+        for (size_t j = 0; j < k; ++j)
+            mine[j] = parts[j * g + group.rank()];
+        group.all_gather(std::span<const double>(mine), std::span<double>(all));
+        for (int r = 0; r < g; ++r)
+            for (size_t j = 0; j < k; ++j)
+                parts[j * g + r] = all[r * k + j];
+    }
+    double sum = 0;
+    for (double v : parts)
+        sum += v;
+    return sum;
+}
+
+// The global norm (header formula). Scales every gradient by 1 / DP on the way: the averaging
+// and the squares are one pass, in parameter order.
+double global_grad_norm(const OptimizerState& state, comm::ProcessGroups& groups) {
+    const float inv_dp = 1.0f / static_cast<float>(state.dp_size);
+    const size_t num_params = state.params.size(), num_dense = state.num_dense;
+    const double dense_sq = sum_squares(state, 0, num_dense, groups.dp, inv_dp);
+    double expert_sq = sum_squares(state, num_dense, num_params, groups.edp, inv_dp);
+    // Dense gradients are identical on every rank; expert gradients differ across the EP group,
+    // whose sums of squares are added up in rank order.
+    if (groups.ep.size() > 1)
+        expert_sq = group_sum(groups.ep, expert_sq);
+    return std::sqrt(dense_sq + expert_sq);
+}
+
+// AdamW on each parameter's shard with the clipped gradient, which is zeroed for the next step,
+// then the shard's compute copy refreshed.
+void adam_update(OptimizerState& state, const AdamConfig& adam, int64_t step, double clip) {
+    for (size_t i = 0; i < state.params.size(); ++i) {
+        Param& p = *state.params[i];
+        const comm::ShardRange shard = state.shard[i];
+        adam_step_and_zero_grad(
+            adam, step, p.master.rank() > 1, p.master.data<float>() + shard.begin,
+            p.main_grad.data<float>() + shard.begin, clip < 1.0 ? static_cast<float>(clip) : 1.0f,
+            AdamState{state.exp_avg[i].data(), state.exp_avg_sq[i].data()},
+            static_cast<size_t>(shard.size()));
+        if (shard.size() == p.master.numel()) {
+            refresh_compute(p);
+            continue;
+        }
+        // Distributed: the rest of the gradient held this rank's unreduced values; the compute
+        // copy of this shard is fresh now, the other shards arrive by gather.
+        float* grad = p.main_grad.data<float>();
+        std::fill(grad, grad + shard.begin, 0.0f);
+        std::fill(grad + shard.end, grad + p.main_grad.numel(), 0.0f);
+        refresh_compute_range(p, shard.begin, shard.end);
+    }
+}
+
+}  // namespace
+
+OptimizerConfig optimizer_config_from(const config::Config& cfg) {
+    return OptimizerConfig{
+        .adam = AdamConfig{.lr = cfg.optimizer.lr,
+                           .beta1 = cfg.optimizer.adam_beta1,
+                           .beta2 = cfg.optimizer.adam_beta2,
+                           .eps = cfg.optimizer.adam_eps,
+                           .weight_decay = cfg.optimizer.weight_decay},
+        .lr = LrScheduleConfig{.max_lr = cfg.optimizer.lr,
+                               .min_lr = cfg.optimizer.min_lr,
+                               .warmup_iters = cfg.train.lr_warmup_iters,
+                               .decay_iters = config::lr_decay_iters(cfg),
+                               .decay_style = lr_style(cfg.train.lr_decay_style)},
+        .clip_grad = cfg.optimizer.clip_grad,
+        .use_distributed_optimizer = cfg.ddp.use_distributed_optimizer,
+        .overlap_param_gather = cfg.ddp.overlap_param_gather};
+}
+
+OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
+                                    const std::vector<Param*>& expert,
+                                    const comm::ProcessGroups& groups,
+                                    const OptimizerConfig& config) {
+    OptimizerState state;
+    state.params = dense;
+    state.params.insert(state.params.end(), expert.begin(), expert.end());
+    state.num_dense = dense.size();
+    // TP = PP = CP = 1 at run time (runtime-support checks): every rank is a data-parallel rank.
+    state.dp_size = groups.world.size();
+    state.distributed =
+        config.use_distributed_optimizer && (groups.dp.size() > 1 || groups.edp.size() > 1);
+    state.param_gather_overlap = state.distributed && config.overlap_param_gather;
+    for (size_t i = 0; i < state.params.size(); ++i) {
+        const Param* p = state.params[i];
+        const comm::Communicator& group = i >= state.num_dense ? groups.edp : groups.dp;
+        const comm::ShardRange shard =
+            state.distributed ? comm::shard_of(p->master.numel(), group.size(), group.rank())
+                              : comm::ShardRange{0, p->master.numel()};
+        state.shard.push_back(shard);
+        state.exp_avg.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
+        state.exp_avg_sq.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
+    }
+    return state;
+}
+
+void reduce_grads(const OptimizerState& state, const std::vector<Param*>& dense,
+                  const std::vector<Param*>& expert, comm::ProcessGroups& groups) {
+    auto grad_of = [](Param* p) {
+        return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
+    };
+    for (auto [params, group] : {std::pair{&dense, &groups.dp}, std::pair{&expert, &groups.edp}}) {
+        if (group->size() <= 1)
+            continue;
+        for (Param* p : *params) {
+            if (state.distributed)
+                group->reduce_scatter_sum(grad_of(p));
+            else
+                group->all_reduce_sum(grad_of(p));
+        }
+    }
+}
+
+void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
+                   comm::ProcessGroups& groups) {
+    for (auto [params, group] : {std::pair{&dense, &groups.dp}, std::pair{&expert, &groups.edp}}) {
+        if (group->size() <= 1)
+            continue;
+        for (Param* p : *params) {
+            group->all_gather_shards(p->compute.raw(), p->compute.numel(),
+                                     dtype_size(p->compute.dtype()));
+            ++p->version;  // derived copies (packed expert weights) rebuild themselves
+        }
+    }
+}
+
+OptimizerStepResult optimizer_step(OptimizerState& state, const OptimizerConfig& config,
+                                   int64_t step, bool grads_reduced, comm::ProcessGroups& groups) {
+    const std::vector<Param*> dense(state.params.begin(),
+                                    state.params.begin() + static_cast<ptrdiff_t>(state.num_dense));
+    const std::vector<Param*> expert(state.params.begin() + static_cast<ptrdiff_t>(state.num_dense),
+                                     state.params.end());
+    // Gradients summed over the data-parallel ranks (their token contributions from the other
+    // EP ranks already arrived through the all-to-all backward); with bucketed overlap the sums
+    // were taken during the last backward.
+    if (!grads_reduced)
+        reduce_grads(state, dense, expert, groups);
+
+    OptimizerStepResult result;
+    result.grad_norm = global_grad_norm(state, groups);
+    // Before Adam clears the gradients.
+    if (!std::isfinite(result.grad_norm))
+        result.first_nonfinite_grad = first_nonfinite_grad(state.params, state.shard);
+
+    const double clip = clip_coefficient(result.grad_norm, config.clip_grad);
+    result.learning_rate = learning_rate_at(config.lr, step);
+    AdamConfig adam = config.adam;
+    adam.lr = result.learning_rate;
+    adam_update(state, adam, step, clip);
+    if (state.distributed) {
+        if (state.param_gather_overlap)
+            state.params_pending = true;  // the next step's first forward gathers, bucket by bucket
+        else
+            gather_params(dense, expert, groups);
+    }
+    return result;
+}
+
+void sync_params(OptimizerState& state, const std::vector<Param*>& dense,
+                 const std::vector<Param*>& expert, comm::ProcessGroups& groups) {
+    if (!state.distributed)
+        return;
+    if (state.params_pending) {
+        gather_params(dense, expert, groups);
+        state.params_pending = false;
+    }
+    for (size_t i = 0; i < state.params.size(); ++i) {
+        Param& p = *state.params[i];
+        comm::Communicator& group = state.group_of(i, groups);
+        if (group.size() > 1)
+            group.all_gather_shards(p.master.raw(), p.master.numel(), sizeof(float));
+    }
+}
+
+std::vector<std::vector<float>> full_moments(const OptimizerState& state, bool second,
+                                             comm::ProcessGroups& groups) {
+    std::vector<std::vector<float>> full;
+    for (size_t i = 0; i < state.params.size(); ++i) {
+        const Param& p = *state.params[i];
+        const std::vector<float>& mine = second ? state.exp_avg_sq[i] : state.exp_avg[i];
+        const comm::ShardRange shard = state.shard[i];
+        std::vector<float>& f = full.emplace_back(static_cast<size_t>(p.master.numel()), 0.0f);
+        std::copy(mine.begin(), mine.end(), f.begin() + shard.begin);
+        if (shard.size() != p.master.numel()) {
+            comm::Communicator& group = state.group_of(i, groups);
+            group.all_gather_shards(f.data(), p.master.numel(), sizeof(float));
+        }
+    }
+    return full;
+}
+
+}  // namespace epo::train

@@ -1,0 +1,107 @@
+// The optimizer step of one rank, after every node of the step ran: gradient reduction over the
+// data-parallel groups (dense over all ranks, experts over the ranks holding the same experts),
+// the global gradient norm, clipping, AdamW on fp32 masters, fresh compute copies and, with the
+// distributed optimizer, the gathers of the updated weights. What it deliberately does not do:
+// issue nodes, read data, update expert biases (expert_bias_update.h) or reduce losses.
+//
+// With the distributed optimizer (ddp.use_distributed_optimizer, ZeRO-1 as in Megatron-Core)
+// every parameter's elements are split into one shard per rank of its data-parallel group
+// (communicator.h's shard_of): gradients are reduce-scattered instead of all-reduced, each rank
+// keeps Adam moments and updates masters for its shard only, and the updated compute copies are
+// all-gathered: at the end of the optimizer step, or, with ddp.overlap_param_gather, bucket by
+// bucket on the comm stream during the next step's first forward (params_pending). The sums, the
+// norm and the updates are the same operations on the same values, so the distributed optimizer
+// is bit-for-bit the plain one (docs/design.md).
+//
+// Global norm, written out (g = gradient / DP after the data-parallel sum):
+//   norm^2 = sum over dense params and shards of sum(g^2)      (identical on every rank)
+//          + sum over EP ranks r of (sum over r's expert params and shards of sum(g^2))
+// each (parameter, shard) sum taken by scale_and_sum_squares, the terms added in (parameter,
+// shard) order and the EP ranks' totals in rank order, so every layout gets the same bits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epo/comm/process_groups.h"
+#include "epo/config/config.h"
+#include "epo/tensor/param.h"
+#include "epo/train/adam.h"
+#include "epo/train/lr_schedule.h"
+
+namespace epo::train {
+
+// The optimizer's settings, translated once from the configuration's sections.
+struct OptimizerConfig {
+    AdamConfig adam;  // adam.lr is replaced by the scheduled rate each step
+    LrScheduleConfig lr;
+    double clip_grad = 1.0;  // <= 0: no clipping
+    bool use_distributed_optimizer = false;
+    bool overlap_param_gather = false;
+};
+OptimizerConfig optimizer_config_from(const config::Config& cfg);
+
+// Parameters, their shards and Adam moments. params[i] with i >= num_dense is an expert
+// parameter: its data-parallel group is edp, the others' dp.
+struct OptimizerState {
+    std::vector<Param*> params;  // dense, then expert
+    size_t num_dense = 0;
+    // The elements this rank updates: its shard when the optimizer is distributed over a group
+    // of 2 or more, else all of them.
+    std::vector<comm::ShardRange> shard;
+    std::vector<std::vector<float>> exp_avg, exp_avg_sq;  // [param](shard size) Adam m, v
+    bool distributed = false;           // distributed optimizer over a group of 2 or more
+    bool param_gather_overlap = false;  // gathers run in the next step's first forward
+    bool params_pending = false;        // compute copies wait for that gather
+    int dp_size = 1;                    // the gradients' averaging divisor
+
+    comm::Communicator& group_of(size_t i, comm::ProcessGroups& groups) const {
+        return i >= num_dense ? groups.edp : groups.dp;
+    }
+};
+
+// Shards and zero moments for `dense` then `expert` parameters. `groups` gives each group's size
+// and this rank's place in it (no communication).
+OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
+                                    const std::vector<Param*>& expert,
+                                    const comm::ProcessGroups& groups,
+                                    const OptimizerConfig& config);
+
+// Sums gradients over the data-parallel ranks: dense over dp, experts over edp. One blocking
+// collective per parameter, whichever stream runs it, so the sums are the same with and without
+// bucketed overlap: an all-reduce, or with the distributed optimizer a reduce-scatter, which sums
+// this rank's shard exactly as the all-reduce does.
+void reduce_grads(const OptimizerState& state, const std::vector<Param*>& dense,
+                  const std::vector<Param*>& expert, comm::ProcessGroups& groups);
+
+// Distributed optimizer: the compute copies of `dense` / `expert` gathered from every shard.
+void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,
+                   comm::ProcessGroups& groups);
+
+struct OptimizerStepResult {
+    double grad_norm = 0;  // before clipping
+    double learning_rate = 0;
+    // When grad_norm is not finite: this rank's first parameter whose gradient holds a NaN or an
+    // Inf ("" when none does), found before the gradients are cleared.
+    std::string first_nonfinite_grad;
+};
+
+// Optimizer step `step` (from 1), on the compute stream after every node of the step:
+// reduction (unless `grads_reduced`: the bucketed reductions of the last backward did it), the
+// norm, clipping, AdamW with zeroed gradients, fresh compute copies, then the gathers (or
+// params_pending with overlap_param_gather).
+OptimizerStepResult optimizer_step(OptimizerState& state, const OptimizerConfig& config,
+                                   int64_t step, bool grads_reduced, comm::ProcessGroups& groups);
+
+// Whole masters and compute copies on every rank (a pending gather done first). Collective over
+// the groups; a no-op without the distributed optimizer.
+void sync_params(OptimizerState& state, const std::vector<Param*>& dense,
+                 const std::vector<Param*>& expert, comm::ProcessGroups& groups);
+
+// Whole-tensor Adam moments (the second one when `second`) for a checkpoint: every shard
+// gathered. Collective over the groups.
+std::vector<std::vector<float>> full_moments(const OptimizerState& state, bool second,
+                                             comm::ProcessGroups& groups);
+
+}  // namespace epo::train

@@ -1,0 +1,128 @@
+#include "epo/train/step_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "epo/config/finalize.h"
+#include "epo/core/error.h"
+#include "epo/train/grad_buckets.h"
+
+namespace epo::train {
+namespace {
+
+// Element counts as transformer_layer.cpp's make_layer_params / collect_layer_params allocate
+// and list them: norms (H), attention qkv ((heads + 2 groups) * head_dim, H) and proj (H,
+// heads * head_dim), q/k norms (head_dim), then the MLP: dense fc1 (2F, H) and fc2 (H, F), or
+// router (E, H), shared experts as a dense MLP of their size, and the local experts
+// (E_local, 2F, H), (E_local, H, F).
+void layer_param_sizes(const model::GptShape& s, bool is_moe, PositionParamSizes& out) {
+    const int64_t H = s.hidden;
+    const model::AttentionShape& a = s.attn;
+    out.dense.push_back(H);                                                  // input_layernorm
+    out.dense.push_back((a.num_heads + 2 * a.num_groups) * a.head_dim * H);  // linear_qkv
+    out.dense.push_back(H * a.num_heads * a.head_dim);                       // linear_proj
+    if (a.qk_layernorm) {
+        out.dense.push_back(a.head_dim);  // q_layernorm
+        out.dense.push_back(a.head_dim);  // k_layernorm
+    }
+    out.dense.push_back(H);  // pre_mlp_layernorm
+    if (!is_moe) {
+        out.dense.push_back(2 * s.ffn_hidden * H);  // linear_fc1 (gate and up)
+        out.dense.push_back(H * s.ffn_hidden);      // linear_fc2
+        return;
+    }
+    out.dense.push_back(s.moe.num_experts * s.moe.hidden_size);  // router
+    if (s.moe.shared_expert_size > 0) {
+        out.dense.push_back(2 * s.moe.shared_expert_size * H);
+        out.dense.push_back(H * s.moe.shared_expert_size);
+    }
+    const int64_t F = s.moe.ffn_hidden_size;
+    out.expert.push_back(s.num_local_experts() * 2 * F * H);
+    out.expert.push_back(s.num_local_experts() * H * F);
+}
+
+int64_t grad_bytes(const std::vector<int64_t>& sizes) {
+    int64_t bytes = 0;
+    for (int64_t n : sizes)
+        bytes += n * static_cast<int64_t>(sizeof(float));
+    return bytes;
+}
+
+}  // namespace
+
+PositionParamSizes param_sizes_at(const model::GptShape& s, int position) {
+    PositionParamSizes out;
+    if (position < 0) {
+        out.dense.push_back(s.vocab * s.hidden);  // word embeddings
+    } else if (position >= s.num_layers) {
+        out.dense.push_back(s.hidden);  // final layernorm
+        if (!s.tie_embeddings)
+            out.dense.push_back(s.vocab * s.hidden);  // output layer
+    } else {
+        layer_param_sizes(s, s.moe_layers[static_cast<size_t>(position)], out);
+    }
+    return out;
+}
+
+StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape) {
+    const config::ModelConfig& m = cfg.model;
+    const int64_t world = config::world_size(cfg);
+    if (m.pipeline_model_parallel_size != 1) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("step plan: model.pipeline_model_parallel_size is {}; the "
+                                "schedules are single-stage, set it to 1",
+                                m.pipeline_model_parallel_size));
+    }
+    // Megatron-Core's groups: DP = world / (TP * PP * CP), EDP = world / (ETP * EP * PP).
+    const int64_t model_parallel = config::model_parallel_size(m);
+    const int64_t expert_parallel =
+        int64_t{config::expert_tensor_parallel_size(m)} * m.expert_model_parallel_size;
+    if (world <= 0 || world % model_parallel != 0 || world % expert_parallel != 0) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("step plan: a world of {} ranks (comm.num_nodes x "
+                                "comm.gpus_per_node) does not split into TP x CP = {} or ETP x "
+                                "EP = {}; state a topology both divide",
+                                world, model_parallel, expert_parallel));
+    }
+    StepPlan plan;
+    plan.overlap = m.overlap_moe_expert_parallel_comm;
+    plan.dp_size = static_cast<int>(world / model_parallel);
+    plan.edp_size = static_cast<int>(world / expert_parallel);
+    const bool has_group = plan.dp_size > 1 || plan.edp_size > 1;
+    plan.reduce_in_buckets = cfg.ddp.overlap_grad_reduce && has_group;
+    plan.distributed_optimizer = cfg.ddp.use_distributed_optimizer && has_group;
+    plan.param_gather_overlap = plan.distributed_optimizer && cfg.ddp.overlap_param_gather;
+    plan.shape = schedule::ScheduleShape{static_cast<int>(config::num_microbatches(cfg)),
+                                         shape.moe_layers, m.delay_wgrad_compute};
+
+    if (plan.reduce_in_buckets || plan.param_gather_overlap) {
+        const int num_layers = static_cast<int>(shape.num_layers);
+        // What each position adds to a bucket: the parameters that have a group to reduce over.
+        const auto bytes_at = [&](int position) {
+            const PositionParamSizes sizes = param_sizes_at(shape, position);
+            return (plan.dp_size > 1 ? grad_bytes(sizes.dense) : 0) +
+                   (plan.edp_size > 1 ? grad_bytes(sizes.expert) : 0);
+        };
+        // Unset: the bucket size the configuration finalizes to for bucketed overlap (128 MiB).
+        const std::vector<int> ends = grad_bucket_ends(
+            num_layers, bytes_at, cfg.ddp.bucket_size.value_or(config::kDefaultBucketSize));
+        if (plan.reduce_in_buckets)
+            plan.shape.grad_bucket_ends = ends;
+        if (plan.param_gather_overlap)
+            plan.shape.param_bucket_ends = ends;
+        plan.buckets.resize(ends.size());
+        size_t bucket = 0;
+        for (int position = num_layers; position >= schedule::kEmbeddingPosition; --position) {
+            plan.buckets[bucket].positions.push_back(position);
+            plan.buckets[bucket].bytes += bytes_at(position);
+            if (ends[bucket] == position)
+                ++bucket;
+        }
+    }
+    plan.calls = plan.overlap ? schedule::overlap_schedule(plan.shape)
+                              : schedule::baseline_schedule(plan.shape);
+    return plan;
+}
+
+}  // namespace epo::train
