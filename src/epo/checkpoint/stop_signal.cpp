@@ -7,12 +7,14 @@
 #include <cstring>
 
 #include "epo/core/error.h"
+#include "epo/core/stop_flag.h"
 
 namespace epo::checkpoint {
 namespace {
 
-// Signal handlers can reach only static storage. Lock-free atomics are async-signal-safe.
-std::atomic<int> g_pending{0};
+// Signal handlers can reach only static storage. Lock-free atomics are async-signal-safe. The
+// pending signal itself is the process's stop request (core/stop_flag.h), which the link
+// model's hold also watches.
 std::atomic<bool> g_installed{false};
 char g_first_message[2][320];   // [SIGTERM, SIGINT]
 char g_second_message[2][320];  // [SIGTERM, SIGINT]
@@ -33,8 +35,7 @@ void write_all(const char* text) {
 }
 
 void on_stop_signal(int signal) {
-    int expected = 0;
-    if (g_pending.compare_exchange_strong(expected, signal)) {
+    if (request_stop(signal)) {
         write_all(g_first_message[slot(signal)]);
         return;
     }
@@ -78,7 +79,7 @@ StopSignals::StopSignals(int rank, int world_size) {
                       "epo: rank %d of %d received a second %s: exiting at once without saving\n",
                       rank, world_size, signal_name(signal));
     }
-    g_pending.store(0);
+    clear_stop_request();
     install(SIGTERM, &previous_term_);
     install(SIGINT, &previous_int_);
 }
@@ -90,7 +91,7 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::pending() const {
-    return g_pending.load();
+    return stop_requested();
 }
 
 }  // namespace epo::checkpoint
