@@ -89,6 +89,7 @@ void launch(bench::BenchOptions options) {
     const config::Config cfg =
         bench::check_bench_config(options, {.world_size = world, .ranks_per_host = world});
     const std::string out = options.out_dir ? options.out_dir->string() : default_run_dir(cfg);
+    bench::check_out_dir_unused(out);  // before any rank starts
 
     std::vector<std::string> argv = own_command_line();
     std::vector<std::string> command = {"/proc/self/exe"};

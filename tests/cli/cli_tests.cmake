@@ -125,3 +125,20 @@ add_test(NAME cli.sweep_overlap_script
                  -- bash -c "rm -rf sweep-test && exec python3 ${PROJECT_SOURCE_DIR}/scripts/sweep_overlap.py sweep-test --ratios 0,1 --micro_batches 2 --epo $<TARGET_FILE:epo_cli> -- --model tiny-moe --num_nodes 2 --gpus_per_node 1 -ep 2 model.seq_length=64"
          WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(cli.sweep_overlap_script PROPERTIES LABELS "cli;mpi" TIMEOUT 300)
+
+# Values the link model cannot honour, and a deadline that would overflow.
+epo_cli_test(timeout_too_large 1 "VA001  comm.timeout_s = 1e\\+10" RUN
+             validate --model tiny-moe comm.timeout_s=1e10)
+epo_cli_test(link_denormal 1 "VA003  comm.link.inter_node_gbps = 1e-300" RUN
+             validate --model tiny-moe comm.link.inter_node_gbps=1e-300)
+# The memory a rank needs, printed by validate; a model that cannot fit, refused by bench's
+# launcher before any rank starts.
+epo_cli_test(validate_prints_memory 0 "^memory \\(estimate\\): [0-9.]+ GiB per rank: parameters"
+             RUN validate --model tiny-moe)
+epo_cli_test(bench_cannot_fit 1 "the run needs about [0-9.]+ GiB of memory" RUN
+             bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3
+             model.hidden_size=65536 model.num_layers=8)
+# --out naming another run's directory is refused (docs/bench.md "The run directory").
+epo_cli_test(bench_out_not_empty 2 "--out .*tests/cli: the directory is not empty" RUN
+             bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3
+             --out ${CMAKE_CURRENT_LIST_DIR})
