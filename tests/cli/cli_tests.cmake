@@ -142,3 +142,19 @@ epo_cli_test(bench_cannot_fit 1 "the run needs about [0-9.]+ GiB of memory" RUN
 epo_cli_test(bench_out_not_empty 2 "--out .*tests/cli: the directory is not empty" RUN
              bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3
              --out ${CMAKE_CURRENT_LIST_DIR})
+
+# Messages a hostile new user gets: the closest subcommand and flag, a directory named as a
+# directory, every unknown key of a file at once, JSON errors under --json, no `--config` in
+# launch's help (epo train has none).
+epo_cli_test(subcommand_typo 2 "unknown subcommand 'trian' \\(did you mean 'train'\\?\\)" RUN trian)
+epo_cli_test(flag_typo 2 "unknown flag --max_step \\(did you mean --max_steps\\?\\)" RUN
+             validate --model tiny-moe --max_step 3)
+epo_cli_test(config_is_a_directory 2 "examples: is a directory, not a configuration file" RUN
+             validate examples)
+epo_cli_test(several_unknown_keys 2 "bad_several_unknown_keys.yaml: 3 unknown keys:" "model.hiden_size.*did you mean 'model.hidden_size'"
+             "model.num_layer.*did you mean 'model.num_layers'" "train.micro_batchsize" RUN
+             validate ${_epo_corpus}/bad_several_unknown_keys.yaml)
+epo_cli_test(json_error_is_json 2 "^  \"error\": \\{" "\"kind\": \"usage error\"" "\"ok\": false" RUN
+             validate --model no-such-recipe --json)
+epo_cli_test(launch_help_no_config_flag 0 "Example: epo launch -n 4 epo train --model tiny-moe" RUN
+             launch --help)
