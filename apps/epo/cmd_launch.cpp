@@ -47,7 +47,8 @@ void add_launch_command(CLI::App& app) {
             return;
         }
         std::fflush(stdout);
-        comm::exec_launch(argv);
+        if (const int status = comm::run_launch_forwarding(argv); status != 0)
+            throw CLI::RuntimeError(status);
     });
 }
 
