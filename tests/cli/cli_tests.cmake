@@ -158,3 +158,9 @@ epo_cli_test(json_error_is_json 2 "^  \"error\": \\{" "\"kind\": \"usage error\"
              validate --model no-such-recipe --json)
 epo_cli_test(launch_help_no_config_flag 0 "Example: epo launch -n 4 epo train --model tiny-moe" RUN
              launch --help)
+# A ratio whose calibrated link could not finish a step within comm.timeout_s is refused after
+# the calibration (it held every collective for years: 1e6 calibrates to 2.8e-7 Gbit/s here).
+epo_cli_test(bench_ratio_beyond_timeout 2 "--comm_compute_ratio 1000000: the link this calibrates to"
+             "give a ratio of at most" RUN
+             bench --model tiny-moe -ep 2 --num_nodes 2 --gpus_per_node 1 --max_steps 3
+             --comm_compute_ratio 1e6 logger.log_dir=${CMAKE_BINARY_DIR}/bench-cli-runs)
