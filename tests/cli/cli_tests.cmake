@@ -137,7 +137,7 @@ epo_cli_test(validate_prints_memory 0 "^memory \\(estimate\\): [0-9.]+ GiB per r
              RUN validate --model tiny-moe)
 epo_cli_test(bench_cannot_fit 1 "the run needs about [0-9.]+ GiB of memory" RUN
              bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3
-             model.hidden_size=65536 model.num_layers=8)
+             model.hidden_size=65536 model.num_layers=64)
 # --out naming another run's directory is refused (docs/bench.md "The run directory").
 epo_cli_test(bench_out_not_empty 2 "--out .*tests/cli: the directory is not empty" RUN
              bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3

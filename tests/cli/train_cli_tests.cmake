@@ -46,12 +46,12 @@ epo_train_cli_test(train_save_is_dev_null 1
                    NP 2 RUN ${_tiny_train} checkpoint.save=/dev/null)
 epo_train_cli_test(train_save_unwritable 1 "checkpoint.save = '/proc/epo-ckpt' cannot be created"
                    NP 2 RUN ${_tiny_train} checkpoint.save=/proc/epo-ckpt)
-# A model that cannot fit the machine: refused before any allocation, with both numbers
+# A model that cannot fit any machine (1.2 TB per rank): refused before any allocation, with both numbers
 # (formerly: "internal error: std::bad_alloc").
 epo_train_cli_test(train_cannot_fit 1 "the run needs about [0-9.]+ GiB of memory"
                    "GiB available" "model.hidden_size" NP 1
                    RUN train --model tiny-moe --max_steps 3 logger.log_dir=train-cli-runs
-                   model.hidden_size=65536 model.num_layers=8)
+                   model.hidden_size=65536 model.num_layers=64)
 # A link so slow that one all-to-all outlasts comm.timeout_s is refused at validation (it held
 # every collective for years); 1e-300 Gbit/s no longer turns the link model off.
 epo_train_cli_test(train_link_too_slow 1 "VA004" "comm.link.intra_node_gbps" NP 2
