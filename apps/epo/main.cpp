@@ -2,6 +2,7 @@
 // epo::Error into a message on stderr and the exit status of its kind (2 usage, 1 otherwise),
 // suggests the closest subcommand or flag for a mistyped one, and with --json writes an error as
 // a JSON object on stdout (so a script reading the JSON output always gets JSON).
+#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -106,7 +107,10 @@ std::optional<std::string> hint_for(const CLI::App& app, const std::vector<std::
     std::vector<std::string> hints;
     for (size_t i = 1; i < args.size(); ++i) {
         const std::string flag = args[i].substr(0, args[i].find('='));
-        if (flag.rfind('-', 0) != 0 || std::find(flags.begin(), flags.end(), flag) != flags.end())
+        const bool number = flag.size() > 1 && (std::isdigit(static_cast<unsigned char>(flag[1])) ||
+                                                flag[1] == '.');  // a value such as -1
+        if (flag.rfind('-', 0) != 0 || number ||
+            std::find(flags.begin(), flags.end(), flag) != flags.end())
             continue;
         if (const auto best = closest_name(flag, flags))
             hints.push_back(fmt::format("unknown flag {} (did you mean {}?)", flag, *best));
