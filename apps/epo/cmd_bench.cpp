@@ -79,8 +79,8 @@ std::string default_run_dir(const config::Config& cfg) {
         .string();
 }
 
-// Checks everything before any rank starts, then replaces this process with mpirun running
-// the same command line on every rank, with the run directory fixed.
+// Checks everything before any rank starts, then runs mpirun with the same command line on every
+// rank, with the run directory fixed (its stderr filtered of the launcher's own noise).
 void launch(bench::BenchOptions options) {
     const config::Config built =
         config::build_config(bench::with_default_model(options.sources)).config;
@@ -89,6 +89,7 @@ void launch(bench::BenchOptions options) {
     const config::Config cfg =
         bench::check_bench_config(options, {.world_size = world, .ranks_per_host = world});
     const std::string out = options.out_dir ? options.out_dir->string() : default_run_dir(cfg);
+    bench::check_out_dir_unused(out);  // before any rank starts
 
     std::vector<std::string> argv = own_command_line();
     std::vector<std::string> command = {"/proc/self/exe"};
@@ -110,7 +111,8 @@ void launch(bench::BenchOptions options) {
     std::cout << fmt::format("[bench] {} ranks ({} nodes x {}), run directory {}\n", world,
                              config::num_nodes(cfg.comm), config::gpus_per_node(cfg.comm), out)
               << std::flush;
-    comm::exec_launch(line);
+    if (const int status = comm::run_launch_forwarding(line); status != 0)
+        throw CLI::RuntimeError(status);
 }
 
 void run_ranks(const bench::BenchOptions& options) {

@@ -27,7 +27,7 @@ void add_launch_command(CLI::App& app) {
     sub->add_flag("--dry-run", *dry_run, "print the launcher command line instead of running it");
     // Everything from the first positional argument on is the program and its own arguments.
     sub->prefix_command();
-    sub->footer("Example: epo launch -n 4 epo train --config run.yaml");
+    sub->footer("Example: epo launch -n 4 epo train --model tiny-moe -ep 4");
     sub->callback([sub, options, dry_run] {
         options->command = sub->remaining();
         // prefix_command() also hands over unknown options seen before the program.
@@ -47,7 +47,8 @@ void add_launch_command(CLI::App& app) {
             return;
         }
         std::fflush(stdout);
-        comm::exec_launch(argv);
+        if (const int status = comm::run_launch_forwarding(argv); status != 0)
+            throw CLI::RuntimeError(status);
     });
 }
 

@@ -1,12 +1,15 @@
 // `epo validate`: build a configuration from a recipe, a YAML file, harness flags and dotted
 // overrides, finalize it, check every rule, and print the finalized configuration (as a run
 // logs it) followed by every error and warning. Exit status 0 valid, 1 invalid, 2 usage error.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "commands.h"
 #include "epo/config/builder.h"
+#include "epo/config/memory_estimate.h"
 #include "epo/config/overrides.h"
 #include "epo/config/recipes.h"
 #include "epo/config/validate.h"
@@ -28,13 +31,31 @@ void run_validate(const ValidateArgs& args) {
     const config::BuiltConfig built =
         config::build_config(config_sources(*args.cmd, args.model, args.positional, args.harness));
     const config::ValidationReport report = config::validate(built);
+    // The memory a rank needs (an invalid configuration has no meaningful one). The world it is
+    // for: the stated topology, else the smallest job the layout allows (one rank per EP rank).
+    std::optional<config::MemoryEstimate> memory;
+    if (report.ok()) {
+        const int64_t stated = config::world_size(report.config);
+        memory = config::estimate_rank_memory(
+            report.config,
+            stated > 0 ? stated : std::max(1, report.config.model.expert_model_parallel_size));
+    }
     if (args.json) {
+        nlohmann::ordered_json j = config::report_to_json(report);
+        j["memory_estimate"] = nullptr;
+        if (memory) {
+            j["memory_estimate"] = {
+                {"total_bytes", memory->total()},       {"parameters_bytes", memory->parameters},
+                {"gradients_bytes", memory->gradients}, {"optimizer_bytes", memory->optimizer},
+                {"packed_bytes", memory->packed},       {"activations_bytes", memory->activations},
+                {"scratch_bytes", memory->scratch},     {"runtime_bytes", memory->runtime}};
+        }
         // Invalid UTF-8 cannot come from a file (the reader refuses it); replace, never throw.
-        std::cout << config::report_to_json(report).dump(2, ' ', false,
-                                                         nlohmann::json::error_handler_t::replace)
-                  << "\n";
+        std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
         std::cout << config::format_run_log(report) << config::format_findings(report);
+        if (memory)
+            std::cout << "memory (estimate): " << config::format_memory_estimate(*memory) << "\n";
     }
     std::cout.flush();
     if (!report.ok()) {

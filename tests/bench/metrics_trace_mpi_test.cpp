@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 
+#include "epo/bench/bench_report.h"
 #include "epo/bench/metrics.h"
 #include "epo/bench/trace.h"
 #include "epo/comm/mpi_runtime.h"
@@ -159,6 +161,97 @@ TEST(Trace, BaselineParsesAndStreamsNeverOverlapThemselves) {
         std::any_of(slices.begin(), slices.end(), [](const Slice& s) { return s.cat == "wait"; }));
     // In the baseline nothing of another micro-batch runs during a comm task.
     EXPECT_FALSE(comm_overlaps_compute_of_another_micro_batch(slices));
+}
+
+// A metrics.json document with what report_html() reads, one run per name.
+nlohmann::json metrics_for(const std::vector<std::string>& names) {
+    nlohmann::json runs = nlohmann::json::array();
+    for (const std::string& n : names) {
+        runs.push_back({{"name", n},
+                        {"step_time_s", {{"median", 1.0}, {"min", 1.0}, {"max", 1.0}}},
+                        {"tokens_per_s", 1.0},
+                        {"tflops_per_rank", 1.0},
+                        {"compute_s", 1.0},
+                        {"comm_s", 1.0},
+                        {"exposed_comm_s", 1.0},
+                        {"speedup_vs_baseline", nullptr},
+                        {"overlap_efficiency",
+                         n == "baseline" ? nlohmann::json(nullptr) : nlohmann::json(-0.12)},
+                        {"critical_path_bound_s", nullptr},
+                        {"peak_rss_bytes", 1.0},
+                        {"peak_activation_bytes", 1.0},
+                        {"losses_match_baseline", true},
+                        {"losses", {1.0, 0.5}}});
+    }
+    return {{"model", "tiny-moe"},
+            {"world_size", 2},
+            {"num_nodes", 2},
+            {"gpus_per_node", 1},
+            {"expert_model_parallel_size", 2},
+            {"num_micro_batches", 4},
+            {"global_batch_size", 16},
+            {"seq_length", 64},
+            {"steps_per_run", 2},
+            {"warmup_steps", 1},
+            {"repeats", 1},
+            {"link", {{"inter_node_gbps", 0.0}, {"intra_node_gbps", 0.0}, {"latency_us", 1000.0}}},
+            {"calibration", nullptr},
+            {"runs", runs},
+            {"overlap_speedup", nullptr},
+            {"overlap_efficiency", -0.12},
+            {"loss_bitwise_identical", true}};
+}
+
+// The bench gathers its schedules in table order, not run order: with the trace's origin taken
+// from the first gather, a schedule that ran earlier got negative timestamps, and the report's
+// span, which started at 0, headed a 9 s step "64429.9 ms". Here the later run is gathered first.
+TEST(Trace, SchedulesGatheredOutOfRunOrderEachShowTheirOwnStep) {
+    const TracedRun early = run(small_config(false, false), 2);
+    const TracedRun late = run(small_config(true, true), 2);
+    Trace trace;
+    gather_trace(trace, late.records.back(), "overlap");
+    gather_trace(trace, early.records.back(), "baseline");
+    if (comm::current_world_rank() != 0) {
+        return;
+    }
+    const nlohmann::json doc = trace_json(trace);
+    double earliest = 1e300;
+    std::map<std::string, std::pair<double, double>> span;  // schedule: first start, last end
+    std::map<int, std::string> schedule_of_pid;
+    for (const auto& e : doc.at("traceEvents")) {
+        if (e.at("ph") == "M" && e.at("name") == "process_name") {
+            const std::string process = e.at("args").at("name");
+            schedule_of_pid[e.at("pid")] = process.substr(0, process.find(' '));
+        }
+    }
+    for (const auto& e : doc.at("traceEvents")) {
+        if (e.at("ph") != "X") {
+            continue;
+        }
+        const double ts = e.at("ts"), dur = e.at("dur");
+        EXPECT_GE(ts, 0.0) << e.at("name");
+        earliest = std::min(earliest, ts);
+        auto [it, fresh] = span.try_emplace(schedule_of_pid.at(e.at("pid")), ts, ts + dur);
+        it->second = {std::min(it->second.first, ts), std::max(it->second.second, ts + dur)};
+    }
+    EXPECT_EQ(earliest, 0.0);
+    ASSERT_EQ(span.size(), 2u);
+    // The report heads each schedule with its own span, a few percent from its step time (the
+    // step also holds the issue of the first node and the end of the optimizer step).
+    const std::string html = report_html(metrics_for({"baseline", "overlap"}), doc);
+    for (const auto& [name, s] : span) {
+        const std::regex heading("<h3>" + name + ": ([0-9.]+) ms</h3>");
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(html, m, heading)) << name;
+        const double shown_ms = std::stod(m[1].str());
+        EXPECT_NEAR(shown_ms, (s.second - s.first) / 1e3, 0.1) << name;
+        const double step_ms = (name == "baseline" ? early : late).metrics.back().step_time_s * 1e3;
+        EXPECT_NEAR(shown_ms / step_ms, 1.0, 0.05) << name << ": step " << step_ms << " ms";
+    }
+    // A negative overlap efficiency is not shown as a figure.
+    EXPECT_NE(html.find("n/a (overlap slower)"), std::string::npos);
+    EXPECT_EQ(html.find("-0.12"), std::string::npos);
+    EXPECT_NE(format_table(metrics_for({"baseline", "overlap"})).find("n/a"), std::string::npos);
 }
 
 TEST(Trace, OverlapRunShowsCommUnderComputeOfAnotherMicroBatch) {

@@ -166,6 +166,35 @@ TEST(JobControl, SigtermToOneRankSavesOnEveryRankExitsZeroAndResumes) {
     fs::remove_all(dir);
 }
 
+// A collective held by the link model (here 5 s of latency each, a step holds dozens) used to
+// sleep to its deadline whatever happened: SIGTERM could not stop the step. Now the stop
+// request cuts every hold short, the step ends, the ranks save and exit 0 within seconds.
+TEST(JobControl, SigtermEndsAStepOfLongLinkModelHoldsWithinSeconds) {
+    const fs::path dir = fresh_dir("hold");
+    const std::string tag = "hold" + std::to_string(getpid());
+    Job job(tag, small_train_args(dir, {"train.train_iters=100000", "comm.link.latency_us=5e6"}),
+            120);
+    // The ranks are up; give them time to be inside the first step's holds.
+    const auto end = Clock::now() + std::chrono::seconds(60);
+    while (job.ranks().size() < 2u && Clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    const std::map<int, pid_t> ranks = job.ranks();
+    ASSERT_EQ(ranks.size(), 2u);
+    const auto signalled_at = Clock::now();
+    for (const auto& [rank, pid] : ranks)
+        ASSERT_EQ(kill(pid, SIGTERM), 0);
+    const comm::LaunchResult r = job.wait();
+    const double seconds = std::chrono::duration<double>(Clock::now() - signalled_at).count();
+    ASSERT_FALSE(r.timed_out) << r.stderr_text;
+    EXPECT_EQ(r.exit_status, 0) << r.stdout_text << r.stderr_text;
+    EXPECT_LT(seconds, 20) << r.stderr_text;
+    EXPECT_NE(r.stdout_text.find("exiting at iteration 1: rank 0 received SIGTERM"),
+              std::string::npos)
+        << r.stdout_text;
+    fs::remove_all(dir);
+}
+
 TEST(JobControl, KilledRankEndsTheJobInBoundedTimeNamingIt) {
     const fs::path dir = fresh_dir("kill9");
     const std::string tag = "kill9" + std::to_string(getpid());

@@ -121,6 +121,32 @@ TEST_F(Resume, ContinuesBitIdenticallyPastTheDebrisOfAnInterruptedSave) {
     }
 }
 
+// The documented way to switch the overlap on, `--moe_a2a_overlap true`, creates the
+// comm_overlap section and changes model.batch_p2p_comm: schedule switches, bit-identical by
+// design. A baseline run's checkpoint resumes under the overlap schedule (it was refused for those
+// differences) and continues bit-identically to the uninterrupted baseline run.
+TEST_F(Resume, BaselineCheckpointResumesWithTheOverlapSwitchedOnByTheHarnessFlag) {
+    if (world_ < 2)
+        GTEST_SKIP() << "the overlap needs expert parallelism over 2 ranks or more";
+    TrainRunOptions options;
+    options.sources.model = "tiny-moe";
+    options.sources.overrides = epo::testing::small_moe(
+        world_, {"train.train_iters=5", "checkpoint.load=" + ckpt().string()});
+    options.sources.harness.moe_a2a_overlap = true;
+    options.out_dir = *dir_ / "overlap";
+    std::ostringstream log;
+    const TrainRunResult resumed = run_training(options, log);
+    EXPECT_TRUE(resumed.config.model.overlap_moe_expert_parallel_comm);
+    ASSERT_EQ(resumed.first_iteration, 4);
+    ASSERT_EQ(resumed.steps.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+        const StepResult& want = reference_->steps[3 + i];
+        const StepResult& got = resumed.steps[i];
+        EXPECT_EQ(bits(got.lm_loss), bits(want.lm_loss)) << got.lm_loss << " vs " << want.lm_loss;
+        EXPECT_EQ(bits(got.grad_norm), bits(want.grad_norm));
+    }
+}
+
 // Checkpoints hold whole tensors whatever the optimizer: a distributed-optimizer run (shards
 // of masters and moments gathered at save) continues a plain run's checkpoint, and a plain run
 // continues a distributed one's, both bit-identically to the uninterrupted plain run.

@@ -125,3 +125,42 @@ add_test(NAME cli.sweep_overlap_script
                  -- bash -c "rm -rf sweep-test && exec python3 ${PROJECT_SOURCE_DIR}/scripts/sweep_overlap.py sweep-test --ratios 0,1 --micro_batches 2 --epo $<TARGET_FILE:epo_cli> -- --model tiny-moe --num_nodes 2 --gpus_per_node 1 -ep 2 model.seq_length=64"
          WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(cli.sweep_overlap_script PROPERTIES LABELS "cli;mpi" TIMEOUT 300)
+
+# Values the link model cannot honour, and a deadline that would overflow.
+epo_cli_test(timeout_too_large 1 "VA001  comm.timeout_s = 1e\\+10" RUN
+             validate --model tiny-moe comm.timeout_s=1e10)
+epo_cli_test(link_denormal 1 "VA003  comm.link.inter_node_gbps = 1e-300" RUN
+             validate --model tiny-moe comm.link.inter_node_gbps=1e-300)
+# The memory a rank needs, printed by validate; a model that cannot fit, refused by bench's
+# launcher before any rank starts.
+epo_cli_test(validate_prints_memory 0 "^memory \\(estimate\\): [0-9.]+ GiB per rank: parameters"
+             RUN validate --model tiny-moe)
+epo_cli_test(bench_cannot_fit 1 "the run needs about [0-9.]+ GiB of memory" RUN
+             bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3
+             model.hidden_size=65536 model.num_layers=64)
+# --out naming another run's directory is refused (docs/bench.md "The run directory").
+epo_cli_test(bench_out_not_empty 2 "--out .*tests/cli: the directory is not empty" RUN
+             bench --model tiny-moe -ep 2 --num_nodes 1 --gpus_per_node 2 --max_steps 3
+             --out ${CMAKE_CURRENT_LIST_DIR})
+
+# Messages a hostile new user gets: the closest subcommand and flag, a directory named as a
+# directory, every unknown key of a file at once, JSON errors under --json, no `--config` in
+# launch's help (epo train has none).
+epo_cli_test(subcommand_typo 2 "unknown subcommand 'trian' \\(did you mean 'train'\\?\\)" RUN trian)
+epo_cli_test(flag_typo 2 "unknown flag --max_step \\(did you mean --max_steps\\?\\)" RUN
+             validate --model tiny-moe --max_step 3)
+epo_cli_test(config_is_a_directory 2 "examples: is a directory, not a configuration file" RUN
+             validate examples)
+epo_cli_test(several_unknown_keys 2 "bad_several_unknown_keys.yaml: 3 unknown keys:" "model.hiden_size.*did you mean 'model.hidden_size'"
+             "model.num_layer.*did you mean 'model.num_layers'" "train.micro_batchsize" RUN
+             validate ${_epo_corpus}/bad_several_unknown_keys.yaml)
+epo_cli_test(json_error_is_json 2 "^  \"error\": \\{" "\"kind\": \"usage error\"" "\"ok\": false" RUN
+             validate --model no-such-recipe --json)
+epo_cli_test(launch_help_no_config_flag 0 "Example: epo launch -n 4 epo train --model tiny-moe" RUN
+             launch --help)
+# A ratio whose calibrated link could not finish a step within comm.timeout_s is refused after
+# the calibration (it held every collective for years: 1e6 calibrates to 2.8e-7 Gbit/s here).
+epo_cli_test(bench_ratio_beyond_timeout 2 "--comm_compute_ratio 1000000: the link this calibrates to"
+             "give a ratio of at most" RUN
+             bench --model tiny-moe -ep 2 --num_nodes 2 --gpus_per_node 1 --max_steps 3
+             --comm_compute_ratio 1e6 logger.log_dir=${CMAKE_BINARY_DIR}/bench-cli-runs)

@@ -31,3 +31,38 @@ epo_train_cli_test(train_rank_failure_ends_job 1
 epo_train_cli_test(train_bad_injection 2 "EPO_INJECT_FAILURE='oops' is not RANK:STEP:CALL"
                    NP 1 ENV EPO_INJECT_FAILURE=oops RUN train --model tiny-moe --max_steps 3
                    logger.log_dir=train-cli-runs)
+
+# Start-up refusals (docs/checkpoint.md, docs/runtime.md "Memory"): known before the first step,
+# so every rank stops within seconds with the field, the value and the fix. A checkpoint.load
+# naming a file used to keep the other rank waiting comm.timeout_s (302 s) before a false
+# communication error; an unwritable checkpoint.save was found only at the first save.
+epo_train_cli_test(train_load_is_a_file 2 "checkpoint.load = '.*train_cli_tests.cmake' is not a directory"
+                   NP 2 RUN ${_tiny_train} checkpoint.load=${CMAKE_CURRENT_LIST_FILE})
+set_tests_properties(cli.train_load_is_a_file PROPERTIES TIMEOUT 60)
+epo_train_cli_test(train_load_missing 1 "checkpoint.load = 'no/such/ckpt' does not exist"
+                   NP 2 RUN ${_tiny_train} checkpoint.load=no/such/ckpt)
+epo_train_cli_test(train_save_is_dev_null 1
+                   "checkpoint.save = '/dev/null' is not a directory \\(a device\\); give checkpoint.save a directory"
+                   NP 2 RUN ${_tiny_train} checkpoint.save=/dev/null)
+epo_train_cli_test(train_save_unwritable 1 "checkpoint.save = '/proc/epo-ckpt' cannot be created"
+                   NP 2 RUN ${_tiny_train} checkpoint.save=/proc/epo-ckpt)
+# A model that cannot fit any machine (1.2 TB per rank): refused before any allocation, with both numbers
+# (formerly: "internal error: std::bad_alloc").
+epo_train_cli_test(train_cannot_fit 1 "the run needs about [0-9.]+ GiB of memory"
+                   "GiB available" "model.hidden_size" NP 1
+                   RUN train --model tiny-moe --max_steps 3 logger.log_dir=train-cli-runs
+                   model.hidden_size=65536 model.num_layers=64)
+# A link so slow that one all-to-all outlasts comm.timeout_s is refused at validation (it held
+# every collective for years); 1e-300 Gbit/s no longer turns the link model off.
+epo_train_cli_test(train_link_too_slow 1 "VA004" "comm.link.intra_node_gbps" NP 2
+                   RUN ${_tiny_train} comm.link.intra_node_gbps=0.001 comm.timeout_s=0.5)
+epo_train_cli_test(train_link_denormal 1 "VA003" "comm.link.intra_node_gbps=1e-300" NP 2
+                   RUN ${_tiny_train} comm.link.intra_node_gbps=1e-300)
+
+# The rank torn down after its peer failed says so instead of promising a checkpoint; no source
+# locations in a user's error.
+epo_train_cli_test(train_survivor_says_peer_failed 1
+                   "rank 0 of 2 received SIGTERM: the job is ending because rank 1 failed"
+                   "rank 1 of 2 failed: .*injected failure \\(EPO_INJECT_FAILURE\\) in mb1.layer1.dispatch.forward of step 2$"
+                   NP 2 ENV EPO_INJECT_FAILURE=1:2:mb1.layer1.dispatch.forward
+                   RUN ${_tiny_train} --moe_a2a_overlap true)

@@ -8,12 +8,15 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <csignal>
 #include <random>
 #include <thread>
 
+#include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/process_groups.h"
 #include "epo/core/error.h"
+#include "epo/core/stop_flag.h"
 
 namespace epo::comm {
 namespace {
@@ -372,6 +375,53 @@ TEST(LinkModel, HoldsUntilTheLastEntryPlusTheModel) {
     // a rank descheduled between the two clock reads sees less: 3 ranks share 2 cores in CI).
     EXPECT_GE(s.arrival_wait_s, (last_entry - entry) * 1e-9 - 10e-3);
     EXPECT_EQ(s.bytes.inter_sent, per_peer * (n - 1));
+}
+
+// A link so slow that the hold would outlast comm.timeout_s: the operation fails at once on every
+// rank with the timeout error naming it, instead of sleeping (formerly for years).
+TEST(LinkModel, HoldPastTheTimeoutFailsAtOnceNamingTheOperation) {
+    if (world_size() < 2)
+        GTEST_SKIP() << "needs two ranks";
+    const int n = world_size();
+    CommOptions options;
+    options.timeout_s = 2;
+    options.link = LinkModel{kMinLinkGbps, 0, 0};  // 125 kB/s: 1 MB per peer takes 8 s
+    auto groups = ProcessGroups::create({n, n, 1}, options, "test", std::make_shared<Watchdog>());
+    const int64_t per_peer = 1'000'000;
+    const auto layout = AllToAllLayout::packed(std::vector<int64_t>(n, per_peer),
+                                               std::vector<int64_t>(n, per_peer));
+    std::vector<char> send(per_peer * n), recv(per_peer * n);
+    const auto t0 = Clock::now();
+    const std::string m =
+        message_of([&] { groups->ep.all_to_all_v(send.data(), recv.data(), layout, 1); });
+    EXPECT_LT(seconds_between(t0, Clock::now()), 1.5);
+    EXPECT_NE(m.find("all_to_all #0 on group ep"), std::string::npos) << m;
+    EXPECT_NE(m.find("timed out: the link model holds it"), std::string::npos) << m;
+    EXPECT_NE(m.find("beyond comm.timeout_s = 2 s"), std::string::npos) << m;
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// SIGTERM's stop request ends a hold early: the bytes have moved, only the waiting is cut.
+TEST(LinkModel, StopRequestCutsAHoldShort) {
+    if (world_size() < 2)
+        GTEST_SKIP() << "needs two ranks";
+    CommOptions options;
+    options.link = LinkModel{0, 0, 5e6};  // 5 s of latency per collective
+    auto groups = make_groups(world_size(), 1, options);
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::thread stopper([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        request_stop(SIGTERM);
+    });
+    const auto t0 = Clock::now();
+    std::vector<int> data(4, world_rank());
+    groups->world.broadcast(std::span<int>(data), 0);
+    const double elapsed = seconds_between(t0, Clock::now());
+    stopper.join();
+    clear_stop_request();
+    EXPECT_EQ(data[0], 0);
+    EXPECT_LT(elapsed, 2.0);
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

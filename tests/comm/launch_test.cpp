@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 
 #include "epo/core/error.h"
@@ -89,6 +90,27 @@ TEST(Launch, RunLaunchCapturesOutputStatusAndTimeout) {
     const auto missing = run_launch({"/nonexistent/launcher"}, 30);
     EXPECT_EQ(missing.exit_status, 127);
     EXPECT_NE(missing.stderr_text.find("cannot run /nonexistent/launcher"), std::string::npos);
+}
+
+// Open MPI's teardown lines (source locations of its own code) are dropped from what a user
+// sees; a rank's message, and Open MPI's explanation of an abort, pass.
+TEST(Launch, LauncherNoiseIsFilteredRanksLinesPass) {
+    EXPECT_TRUE(is_launcher_noise(
+        "[host:01234] [[4242,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer in "
+        "file util/show_help.c at line 507"));
+    EXPECT_TRUE(is_launcher_noise(
+        "[host:01234] [[4242,0],0] Error: pmix in file base/ptl_base.c at line 123"));
+    EXPECT_FALSE(is_launcher_noise("epo: rank 1 of 2 failed: communication error: ..."));
+    EXPECT_FALSE(
+        is_launcher_noise("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD"));
+    EXPECT_FALSE(is_launcher_noise("[bench] 2 ranks (2 nodes x 1), run directory runs/x"));
+}
+
+// epo launch runs the launcher as a child: its exit status comes back, its stderr is filtered.
+TEST(Launch, ForwardingRunReturnsTheStatusAndFiltersStderr) {
+    EXPECT_EQ(run_launch_forwarding({"sh", "-c", "exit 3"}), 3);
+    EXPECT_EQ(run_launch_forwarding({"sh", "-c", "kill -TERM $$"}), 128 + SIGTERM);
+    EXPECT_EQ(run_launch_forwarding({"/nonexistent/launcher"}), 127);
 }
 
 }  // namespace

@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
+#include <thread>
 
+#include "epo/comm/link_limits.h"
 #include "epo/core/error.h"
+#include "epo/core/stop_flag.h"
 
 namespace epo::comm {
 namespace {
@@ -49,6 +53,44 @@ TEST(LinkModel, ValidationNamesTheKey) {
     EXPECT_THROW(validate_link_model(LinkModel{0, NAN, 0}), Error);
     EXPECT_THROW(validate_link_model(LinkModel{0, 0, -5}), Error);
     EXPECT_NO_THROW(validate_link_model(LinkModel{400, 3200, 5}));
+}
+
+// Values the model cannot honour are refused with the key and the fix: 1e-300 Gbit/s used to
+// overflow the deadline into no hold at all, 1e-6 to hold each collective for days.
+TEST(LinkModel, ValidationRefusesAbsurdValues) {
+    for (double gbps : {1e-300, 4.9e-324, 1e-6, 1e12}) {
+        try {
+            validate_link_model(LinkModel{gbps, 0, 0});
+            FAIL() << gbps << ": no error";
+        } catch (const Error& e) {
+            const std::string m = e.what();
+            EXPECT_NE(m.find("comm.link.inter_node_gbps="), std::string::npos) << m;
+            EXPECT_NE(m.find("set it to 0"), std::string::npos) << m;
+        }
+    }
+    EXPECT_THROW(validate_link_model(LinkModel{0, 1e-9, 0}), Error);
+    EXPECT_THROW(validate_link_model(LinkModel{0, 0, 1e8}), Error);  // 100 s per collective
+    EXPECT_NO_THROW(validate_link_model(LinkModel{kMinLinkGbps, kMaxLinkGbps, kMaxLatencyUs}));
+}
+
+TEST(LinkModel, HoldReachesItsDeadline) {
+    const auto t0 = Clock::now();
+    EXPECT_TRUE(hold_until(t0 + std::chrono::milliseconds(30)));
+    EXPECT_GE(seconds_between(t0, Clock::now()), 0.03);
+}
+
+TEST(LinkModel, HoldEndsOnAStopRequest) {
+    std::thread stopper([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        request_stop(SIGTERM);
+    });
+    const auto t0 = Clock::now();
+    const bool reached = hold_until(t0 + std::chrono::seconds(30));
+    const double elapsed = seconds_between(t0, Clock::now());
+    stopper.join();
+    clear_stop_request();
+    EXPECT_FALSE(reached);
+    EXPECT_LT(elapsed, 1.0);
 }
 
 TEST(LinkModel, ByteCountsArithmetic) {

@@ -261,6 +261,28 @@ TEST(ValueRules, VA001EveryOutOfRangeValueAtOnce) {
     EXPECT_FALSE(fires("VA001", [](Config&) {}));
 }
 
+// comm.timeout_s above 1e7 s overflowed the nanosecond deadline into an immediate false timeout.
+TEST(ValueRules, VA001TimeoutIsBounded) {
+    EXPECT_TRUE(fires("VA001", [](Config& c) { c.comm.timeout_s = 1e10; }));
+    EXPECT_FALSE(fires("VA001", [](Config& c) { c.comm.timeout_s = 1e7; }));
+}
+
+// Link values the model cannot honour (1e-300 Gbit/s turned it off silently) are refused with
+// the key; a link so slow that one micro-batch's all-to-all outlasts comm.timeout_s too.
+TEST(ValueRules, VA003AndVA004RefuseALinkTheModelCannotHonour) {
+    EXPECT_TRUE(fires("VA003", [](Config& c) { c.comm.link.inter_node_gbps = 1e-300; }));
+    EXPECT_TRUE(fires("VA003", [](Config& c) { c.comm.link.intra_node_gbps = 1e-6; }));
+    EXPECT_TRUE(fires("VA003", [](Config& c) { c.comm.link.latency_us = 1e9; }));
+    EXPECT_FALSE(fires("VA003", [](Config& c) { c.comm.link.inter_node_gbps = 0; }));
+    EXPECT_FALSE(fires("VA003", [](Config& c) { c.comm.link.intra_node_gbps = 400; }));
+    // tiny-moe: one micro-batch's dispatch moves well under 1 MB per rank.
+    EXPECT_TRUE(fires("VA004", [](Config& c) {
+        c.comm.link.intra_node_gbps = 1e-3;
+        c.comm.timeout_s = 0.01;
+    }));
+    EXPECT_FALSE(fires("VA004", [](Config& c) { c.comm.link.intra_node_gbps = 1e-3; }));
+}
+
 TEST(ValueRules, VA002VocabularyIsRequired) {
     EXPECT_TRUE(fires("VA002", [](Config& c) { c.model.vocab_size.reset(); }));
     EXPECT_FALSE(fires("VA002", [](Config& c) { c.model.vocab_size = 32; }));

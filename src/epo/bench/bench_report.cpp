@@ -169,6 +169,17 @@ std::string opt_fixed(const nlohmann::json& v, const char* fmt_spec, const char*
 
 }  // namespace
 
+std::string format_efficiency(const nlohmann::json& efficiency, bool narrow) {
+    if (efficiency.is_null()) {
+        return "-";
+    }
+    const double e = efficiency.get<double>();
+    if (e < 0) {
+        return narrow ? "n/a" : "n/a (overlap slower)";
+    }
+    return fmt::format("{:.2f}", e);
+}
+
 std::string format_table(const nlohmann::json& m) {
     std::string out =
         fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {}\n",
@@ -195,7 +206,7 @@ std::string format_table(const nlohmann::json& m) {
             name, step, r.at("tokens_per_s").get<double>(), r.at("tflops_per_rank").get<double>(),
             r.at("compute_s").get<double>(), r.at("comm_s").get<double>(),
             r.at("exposed_comm_s").get<double>(), opt_fixed(r.at("speedup_vs_baseline"), "{:.2f}x"),
-            opt_fixed(r.at("overlap_efficiency"), "{:.2f}"),
+            format_efficiency(r.at("overlap_efficiency"), true),
             r.at("peak_rss_bytes").get<double>() / (1024.0 * 1024 * 1024), losses);
     }
     const auto& link = m.at("link");
@@ -228,7 +239,7 @@ std::string format_table(const nlohmann::json& m) {
         "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
         "{}; losses, grad norms and final parameters bit-identical: {}\n",
         opt_fixed(m.at("overlap_speedup"), "{:.2f}x"),
-        opt_fixed(m.at("overlap_efficiency"), "{:.2f}"),
+        format_efficiency(m.at("overlap_efficiency")),
         m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
     return out;
 }

@@ -45,6 +45,11 @@ inline constexpr double kAchievedRatioTolerance = 0.25;
 // The comparison table of a metrics.json document, as printed.
 std::string format_table(const nlohmann::json& metrics);
 
+// An overlap efficiency as shown: "-" when there is none (null), "n/a (overlap slower)" (or
+// "n/a" where `narrow`, a table column) when it is negative: the overlap run was slower than the
+// baseline, and a negative fraction of the possible gain reads as a figure it is not.
+std::string format_efficiency(const nlohmann::json& efficiency, bool narrow = false);
+
 // report.html from metrics.json and trace.json documents.
 std::string report_html(const nlohmann::json& metrics, const nlohmann::json& trace);
 

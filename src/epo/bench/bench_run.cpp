@@ -10,7 +10,9 @@
 #include <ostream>
 
 #include "epo/bench/trace.h"
+#include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
+#include "epo/config/memory_estimate.h"
 #include "epo/config/report.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
@@ -176,6 +178,22 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm:
                         c.comm_s_unmodelled));
     }
     const double gbps = bytes * 8.0 / link_time / 1e9;
+    // The calibrated link holds one step's collectives about ratio x compute seconds; past
+    // comm.timeout_s no step could finish, so say so now instead of starting runs that time out
+    // (or, before the hold was bounded, slept for years).
+    if (link_time > user.comm.timeout_s || gbps < comm::kMinLinkGbps) {
+        throw Error(
+            ErrorKind::kUsage,
+            fmt::format("--comm_compute_ratio {}: the link this calibrates to ({:.3g} "
+                        "Gbit/s) holds one step's {} collectives {:.3g} s, beyond "
+                        "comm.timeout_s = {} s (or below the {:g} Gbit/s the link model "
+                        "accepts); give a ratio of at most {:.3g}, or raise "
+                        "comm.timeout_s",
+                        ratio, gbps, c.num_collectives, link_time, user.comm.timeout_s,
+                        comm::kMinLinkGbps,
+                        std::min(user.comm.timeout_s, bytes * 8.0 / (comm::kMinLinkGbps * 1e9)) /
+                            c.compute_s));
+    }
     (c.inter_node ? c.inter_node_gbps : c.intra_node_gbps) = gbps;
     c.compute_stream_comm_s = c.compute_stream_bytes * 8.0 / (gbps * 1e9);
     logs.both(fmt::format(
@@ -378,7 +396,34 @@ config::Config check_bench_config(const BenchOptions& options, const comm::JobSh
             finalized_or_throw(sources_for(options, &s, {}), job, s.name);
         }
     }
+    // Before any allocation, and in the launcher before any rank starts: the overlap schedule of
+    // --compare holds two micro-batches' activations.
+    config::Config memory_cfg = cfg;
+    memory_cfg.model.overlap_moe_expert_parallel_comm |= options.compare;
+    config::check_memory_fits(config::estimate_rank_memory(memory_cfg, job.world_size),
+                              job.ranks_per_host > 0 ? job.ranks_per_host : job.world_size,
+                              config::available_memory_bytes());
     return cfg;
+}
+
+void check_out_dir_unused(const std::filesystem::path& dir) {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir, ec)) {
+        return;
+    }
+    if (!std::filesystem::is_directory(dir, ec)) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--out {}: it is a file, not a directory; give a new directory "
+                                "(it is created)",
+                                dir.string()));
+    }
+    if (!std::filesystem::is_empty(dir, ec)) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--out {}: the directory is not empty (another run's results?); "
+                                "a run never writes into another's: give a new directory, or "
+                                "remove this one first",
+                                dir.string()));
+    }
 }
 
 BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
@@ -388,6 +433,27 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     BenchResult result;
     result.config = check_bench_config(options, job);
     with_default_model(options.sources, &result.proxy);
+    // Every rank looks before any creates anything (the reduction orders the two), so all reach
+    // the same verdict on --out and none waits alone.
+    int out_in_use = 0;
+    std::string out_problem;
+    if (options.out_dir) {
+        try {
+            check_out_dir_unused(*options.out_dir);
+        } catch (const Error& e) {
+            out_in_use = 1;
+            out_problem = e.what();
+        }
+    }
+    comm::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &out_in_use, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD),
+                    "agreeing on --out");
+    if (out_in_use) {
+        throw Error(ErrorKind::kUsage,
+                    out_problem.empty() ? fmt::format("--out {}: not a new or empty directory on "
+                                                      "another rank",
+                                                      options.out_dir->string())
+                                        : out_problem);
+    }
     result.run_dir = train::agree_on_run_dir(options.out_dir, result.config, "bench-");
     if (rank == 0) {
         std::filesystem::create_directories(result.run_dir / "logs");

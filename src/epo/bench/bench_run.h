@@ -140,6 +140,11 @@ struct BenchResult {
 // alltoall instead would measure something else. Same on every rank; no MPI needed.
 config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job);
 
+// --out DIR must name a directory that does not exist yet or is empty: a run never writes into
+// another run's directory (its metrics, report and trace would be replaced and its configs/ and
+// logs/ mixed with the new ones). kUsage naming the directory and the fix otherwise. Local.
+void check_out_dir_unused(const std::filesystem::path& dir);
+
 // Collective over MPI_COMM_WORLD. `log` receives rank 0's progress; every rank also writes its
 // own log to <run_dir>/logs/rank-R.log.
 BenchResult run_bench(const BenchOptions& options, std::ostream& log);

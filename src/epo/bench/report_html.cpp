@@ -185,7 +185,12 @@ std::string timelines(const nlohmann::json& metrics, const nlohmann::json& trace
     std::vector<Group> groups;
     double scale = 1;
     for (const auto& r : metrics.at("runs")) {
-        Group g{r.at("name"), {}, std::numeric_limits<double>::max(), 0};
+        // The span is this schedule's own first start to last end (t1 started at 0 once, so a
+        // trace with negative timestamps headed a 9 s step "64429.9 ms").
+        Group g{r.at("name"),
+                {},
+                std::numeric_limits<double>::max(),
+                std::numeric_limits<double>::lowest()};
         for (const auto& [pid, p] : procs) {
             if (p.name.rfind(g.name + " rank ", 0) != 0) {
                 continue;
@@ -196,7 +201,7 @@ std::string timelines(const nlohmann::json& metrics, const nlohmann::json& trace
                 g.t1 = std::max(g.t1, s.ts + s.dur);
             }
         }
-        if (g.ranks.empty()) {
+        if (g.ranks.empty() || g.t1 < g.t0) {
             continue;
         }
         scale = std::max(scale, g.t1 - g.t0);
@@ -239,7 +244,8 @@ std::string summary_table(const nlohmann::json& m) {
             st.at("max").get<double>(), r.at("tokens_per_s").get<double>(),
             r.at("tflops_per_rank").get<double>(), r.at("compute_s").get<double>(),
             r.at("comm_s").get<double>(), r.at("exposed_comm_s").get<double>(),
-            opt(r.at("speedup_vs_baseline"), "{:.2f}x"), opt(r.at("overlap_efficiency"), "{:.2f}"),
+            opt(r.at("speedup_vs_baseline"), "{:.2f}x"),
+            format_efficiency(r.at("overlap_efficiency")),
             opt(r.at("critical_path_bound_s"), "{:.3f}"),
             r.at("peak_rss_bytes").get<double>() / (1024.0 * 1024 * 1024),
             r.at("peak_activation_bytes").get<double>() / (1024.0 * 1024),
@@ -288,8 +294,9 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
     html += fmt::format(
         "<p><b>Overlap speedup {}</b> (baseline over overlap, median step times); overlap "
         "efficiency {} against the critical-path bound; losses, grad norms and final parameters "
-        "bit-identical: <b>{}</b>.</p>\n",
-        opt(m.at("overlap_speedup"), "{:.2f}x"), opt(m.at("overlap_efficiency"), "{:.2f}"),
+        "bit-identical: <b>{}</b>.</p>
+",
+        opt(m.at("overlap_speedup"), "{:.2f}x"), format_efficiency(m.at("overlap_efficiency")),
         m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
     html +=
         "<h2>Loss per step</h2>\n<p>Every run's training loss (first repeat); identical "

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 
@@ -80,10 +81,9 @@ void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records,
             earliest = std::min(earliest, r[3].get<int64_t>());
         }
     }
-    if (!trace.origin_ns && earliest != std::numeric_limits<int64_t>::max()) {
-        trace.origin_ns = earliest;
+    if (earliest != std::numeric_limits<int64_t>::max()) {
+        trace.origin_ns = std::min(trace.origin_ns.value_or(earliest), earliest);
     }
-    const int64_t origin = trace.origin_ns.value_or(0);
     for (size_t rank = 0; rank < ranks.size(); ++rank) {
         const int pid = trace.next_pid++;
         const std::string process =
@@ -112,7 +112,7 @@ void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records,
                                     {"ph", "X"},
                                     {"pid", pid},
                                     {"tid", track_of(r[1].get<std::string>())},
-                                    {"ts", static_cast<double>(start - origin) * 1e-3},
+                                    {"ts_ns", start},
                                     {"dur", static_cast<double>(end - start) * 1e-3},
                                     {"args", args}});
         }
@@ -120,7 +120,16 @@ void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records,
 }
 
 nlohmann::json trace_json(const Trace& trace) {
-    return {{"traceEvents", trace.events},
+    // Shifted here, once every gather is in: only then is the earliest record known.
+    const int64_t origin = trace.origin_ns.value_or(0);
+    nlohmann::json events = trace.events;
+    for (auto& e : events) {
+        if (const auto it = e.find("ts_ns"); it != e.end()) {
+            e["ts"] = static_cast<double>(it->get<int64_t>() - origin) * 1e-3;
+            e.erase("ts_ns");
+        }
+    }
+    return {{"traceEvents", events},
             {"displayTimeUnit", "ms"},
             {"otherData", {{"producer", "epo"}, {"clock", "CLOCK_MONOTONIC"}}}};
 }

@@ -5,7 +5,8 @@
 //
 // Timestamps are the stream records' CLOCK_MONOTONIC times, which the ranks of one host share;
 // across hosts they are only as aligned as the hosts' clocks. All slices of a trace are shifted
-// by one origin (the earliest record the trace holds) so it starts near zero.
+// by one origin, the earliest record over every gather, so no timestamp is negative whatever
+// order the gathers come in (`epo bench` gathers its schedules in table order, not run order).
 //
 // Format: {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}; ts and dur in
 // microseconds; "M" metadata events name processes ("rank 0", or "<label> rank 0") and threads.
@@ -22,8 +23,9 @@
 namespace epo::bench {
 
 struct Trace {
+    // "X" events carry their start as "ts_ns" (the raw clock) until trace_json() shifts them.
     nlohmann::json events = nlohmann::json::array();
-    std::optional<int64_t> origin_ns;  // set by the first gather
+    std::optional<int64_t> origin_ns;  // the earliest record of all gathers so far
     int next_pid = 0;                  // processes used so far
 };
 

@@ -121,8 +121,11 @@ std::string layout_differences(const WorldLayout& saved, const WorldLayout& now)
 
 // Keys a resumed run may set differently: they steer the run, not the state it continues.
 bool may_change_on_resume(std::string_view key) {
-    static constexpr std::string_view kPrefixes[] = {"checkpoint.", "logger.", "comm.link.",
-                                                     "env."};
+    // comm_overlap.*: every key of that section is a communication-schedule switch (which
+    // transfers overlap what, how they are batched); the ones that reach the math are mirrored
+    // into model.* / ddp.* by finalization and compared there.
+    static constexpr std::string_view kPrefixes[] = {"checkpoint.", "logger.", "comm.link.", "env.",
+                                                     "comm_overlap."};
     static constexpr std::string_view kKeys[] = {
         "recipe",
         "train.train_iters",
@@ -133,6 +136,9 @@ bool may_change_on_resume(std::string_view key) {
         "comm_overlap.delay_wgrad_compute",
         "model.overlap_moe_expert_parallel_comm",
         "model.delay_wgrad_compute",
+        // How the schedule issues its point-to-point transfers; the same bytes arrive either way.
+        "model.batch_p2p_comm",
+        "model.overlap_p2p_comm",
         "ddp.delay_wgrad_compute",
         // Bucketed reduction and the distributed optimizer give the same sums and updates, and
         // checkpoints hold whole tensors either way (train/trainer.h).
@@ -263,20 +269,45 @@ std::optional<fs::path> find_latest_checkpoint(const fs::path& dir) {
     if (fs::exists(dir / kMetadataName))
         return dir;
     static const std::regex kName("iter_([0-9]+)");
+    const fs::path self = dir.filename().empty() ? dir.parent_path() : dir;
+    const bool holds_rank_files = fs::exists(dir / rank_file_name(0));
+    if (std::regex_match(self.filename().string(), kName) || holds_rank_files) {
+        // An iteration directory without its metadata: damaged or copied in part. Starting from
+        // iteration 0 instead would silently throw the run's work away.
+        throw Error(ErrorKind::kIo,
+                    fmt::format("checkpoint.load = '{}' is not a complete checkpoint: '{}' is "
+                                "missing; point checkpoint.load at a complete iter_* directory "
+                                "(one with a {}) or at the directory holding them",
+                                dir.string(), (dir / kMetadataName).string(), kMetadataName));
+    }
     std::optional<fs::path> best;
+    std::optional<fs::path> incomplete;  // the newest iter_* directory without metadata
     int64_t best_iteration = -1;
+    int64_t incomplete_iteration = -1;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
         std::smatch m;
         const std::string name = entry.path().filename().string();
-        if (!entry.is_directory() || !std::regex_match(name, m, kName) ||
-            !fs::exists(entry.path() / kMetadataName)) {
+        if (!entry.is_directory() || !std::regex_match(name, m, kName))
+            continue;
+        const int64_t iteration = std::stoll(m[1].str());
+        if (!fs::exists(entry.path() / kMetadataName)) {
+            if (iteration > incomplete_iteration) {
+                incomplete_iteration = iteration;
+                incomplete = entry.path();
+            }
             continue;
         }
-        const int64_t iteration = std::stoll(m[1].str());
         if (iteration > best_iteration) {
             best_iteration = iteration;
             best = entry.path();
         }
+    }
+    if (!best && incomplete) {
+        throw Error(ErrorKind::kIo,
+                    fmt::format("checkpoint.load = '{}' holds no complete checkpoint: '{}' is "
+                                "missing (a damaged or partly copied checkpoint); restore it, "
+                                "or start a new run without checkpoint.load",
+                                dir.string(), (*incomplete / kMetadataName).string()));
     }
     return best;
 }
@@ -337,8 +368,14 @@ RankCheckpoint read_rank_checkpoint(const fs::path& checkpoint_dir, int rank,
 
 std::vector<std::string> resume_config_differences(const config::Config& saved,
                                                    const config::Config& now) {
+    // `--moe_a2a_overlap true` creates the comm_overlap section; a section present on one side
+    // only would compare as one opaque difference, so compare it key by key against an empty one.
+    config::Config a = saved;
+    config::Config b = now;
+    if (a.comm_overlap.has_value() != b.comm_overlap.has_value())
+        (a.comm_overlap ? b : a).comm_overlap.emplace();
     std::vector<std::string> out;
-    for (std::string& d : config::diff_configs(saved, now)) {
+    for (std::string& d : config::diff_configs(a, b)) {
         const std::string key = d.substr(0, d.find(':'));
         if (!may_change_on_resume(key))
             out.push_back(std::move(d));

@@ -74,7 +74,10 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
                                       comm::Communicator& world);
 
 // The newest complete checkpoint under `dir`, or `dir` itself if it is a checkpoint; nullopt when
-// `dir` does not exist or holds none. kUsage when `dir` is a file.
+// `dir` does not exist or holds no iter_* directory. kUsage when `dir` is a file; kIo naming the
+// missing metadata.json when `dir` is an iteration directory without one or holds only such (a
+// complete checkpoint beside an incomplete newer one is loaded: the loader skips debris). Local:
+// every rank calls it at start-up (train_run.cpp), so none waits on another for the verdict.
 std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& dir);
 
 struct RankCheckpoint {

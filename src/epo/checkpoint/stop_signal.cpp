@@ -1,21 +1,29 @@
 #include "epo/checkpoint/stop_signal.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
+#include "epo/comm/rank_runner.h"
 #include "epo/core/error.h"
+#include "epo/core/stop_flag.h"
 
 namespace epo::checkpoint {
 namespace {
 
-// Signal handlers can reach only static storage. Lock-free atomics are async-signal-safe.
-std::atomic<int> g_pending{0};
+// Signal handlers can reach only static storage. Lock-free atomics are async-signal-safe. The
+// pending signal itself is the process's stop request (core/stop_flag.h), which the link
+// model's hold also watches.
 std::atomic<bool> g_installed{false};
 char g_first_message[2][320];   // [SIGTERM, SIGINT]
 char g_second_message[2][320];  // [SIGTERM, SIGINT]
+// After a peer failed (comm/rank_runner.h): the marker it left, and this rank's message then.
+char g_failure_marker[256];
+char g_peer_failed_prefix[2][160];  // "epo: rank R of N received SIGTERM: the job is ending ..."
 
 int slot(int signal) {
     return signal == SIGINT ? 1 : 0;
@@ -32,9 +40,43 @@ void write_all(const char* text) {
     }
 }
 
+// The failed peer's rank from its marker ("3\n"), or -1. open/read/close are async-signal-safe.
+int failed_peer() {
+    if (g_failure_marker[0] == '\0')
+        return -1;
+    const int fd = ::open(g_failure_marker, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    char text[16] = {};
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    int rank = 0;
+    bool any = false;
+    for (ssize_t i = 0; i < n && text[i] >= '0' && text[i] <= '9'; ++i) {
+        rank = rank * 10 + (text[i] - '0');
+        any = true;
+    }
+    return any ? rank : -1;
+}
+
 void on_stop_signal(int signal) {
-    int expected = 0;
-    if (g_pending.compare_exchange_strong(expected, signal)) {
+    // The launcher tears the job down after a rank failed: saying "stopping after the current
+    // step, saving a checkpoint" would promise what cannot happen; say why, and go.
+    if (const int peer = failed_peer(); peer >= 0) {
+        char digits[16];
+        int len = 0;
+        for (int v = peer; len == 0 || v > 0; v /= 10)
+            digits[len++] = static_cast<char>('0' + v % 10);
+        char text[24];
+        for (int i = 0; i < len; ++i)
+            text[i] = digits[len - 1 - i];
+        text[len] = '\0';
+        write_all(g_peer_failed_prefix[slot(signal)]);
+        write_all(text);
+        write_all(" failed (its message is above); exiting without saving\n");
+        ::_exit(128 + signal);
+    }
+    if (request_stop(signal)) {
         write_all(g_first_message[slot(signal)]);
         return;
     }
@@ -78,7 +120,15 @@ StopSignals::StopSignals(int rank, int world_size) {
                       "epo: rank %d of %d received a second %s: exiting at once without saving\n",
                       rank, world_size, signal_name(signal));
     }
-    g_pending.store(0);
+    clear_stop_request();
+    const std::string marker = comm::job_failure_marker_path();
+    std::snprintf(g_failure_marker, sizeof g_failure_marker, "%s",
+                  marker.size() < sizeof g_failure_marker ? marker.c_str() : "");
+    for (int signal : {SIGTERM, SIGINT}) {
+        std::snprintf(g_peer_failed_prefix[slot(signal)], sizeof g_peer_failed_prefix[0],
+                      "epo: rank %d of %d received %s: the job is ending because rank ", rank,
+                      world_size, signal_name(signal));
+    }
     install(SIGTERM, &previous_term_);
     install(SIGINT, &previous_int_);
 }
@@ -90,7 +140,7 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::pending() const {
-    return g_pending.load();
+    return stop_requested();
 }
 
 }  // namespace epo::checkpoint

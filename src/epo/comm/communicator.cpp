@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 
+#include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/core/error.h"
 
@@ -71,11 +72,12 @@ struct Communicator::Arrival {
 };
 
 void validate_comm_options(const CommOptions& options) {
-    if (!std::isfinite(options.timeout_s) || options.timeout_s <= 0) {
+    if (!std::isfinite(options.timeout_s) || options.timeout_s <= 0 ||
+        options.timeout_s > kMaxTimeoutS) {
         throw Error(ErrorKind::kConfig,
-                    fmt::format("comm.timeout_s={} is not a positive number of seconds: set the "
-                                "longest wait on a peer, e.g. 300",
-                                options.timeout_s));
+                    fmt::format("comm.timeout_s={} is not a number of seconds in (0, {:g}]: set "
+                                "the longest wait on a peer, e.g. 300",
+                                options.timeout_s, kMaxTimeoutS));
     }
     validate_link_model(options.link);
     const auto& w = options.wait;
@@ -360,16 +362,31 @@ Watchdog::Guard Communicator::watch_data_phase(const Op& op) {
         Clock::now() + std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9)));
 }
 
+// Phase 3, the link model's hold (link_limits.h): never past the operation's deadline (entry +
+// comm.timeout_s), cut short by a stop request.
 OpStats Communicator::finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes) {
     OpStats s;
     s.bytes = bytes;
     s.arrival_wait_s = std::max(0.0, seconds_between(op.entry, last_entry));
     if (options_.link.enabled() && size_ > 1) {
         s.modelled_s = modelled_seconds(options_.link, bytes);
+        // Compared in seconds (doubles) before any conversion: a modelled time of years does not
+        // fit a nanosecond count, and sleeping it would outlast every deadline.
+        const double hold_end_s = s.arrival_wait_s + s.modelled_s;
+        if (hold_end_s > options_.timeout_s) {
+            fail(fmt::format(
+                "{} timed out: the link model holds it {:.4g} s ({} bytes sent, {} received "
+                "at comm.link.inter_node_gbps={:g} / intra_node_gbps={:g}, latency_us={:g}), "
+                "beyond comm.timeout_s = {} s; raise the link bandwidth (comm.link.*) or "
+                "comm.timeout_s",
+                describe(op), s.modelled_s, bytes.sent(), bytes.received(),
+                options_.link.inter_node_gbps, options_.link.intra_node_gbps,
+                options_.link.latency_us, options_.timeout_s));
+        }
         const auto until = last_entry + std::chrono::nanoseconds(std::llround(s.modelled_s * 1e9));
         const auto before = Clock::now();
         if (before < until) {
-            sleep_until(until);
+            hold_until(until);  // false: cut short by a stop request, the step ends sooner
             s.link_hold_s = seconds_between(before, Clock::now());
         }
     }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "epo/core/error.h"
@@ -108,14 +109,88 @@ std::vector<char*> c_argv(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-void exec_launch(const std::vector<std::string>& argv) {
+bool is_launcher_noise(std::string_view line) {
+    // "[host:12345] [[4242,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer in
+    // file util/show_help.c at line 507"; also PMIx's "... in file ... at line ..." lines.
+    if (line.find("ORTE_ERROR_LOG") != std::string_view::npos ||
+        line.find("PMIX ERROR") != std::string_view::npos)
+        return true;
+    return line.rfind("[", 0) == 0 && line.find("] [[") != std::string_view::npos &&
+           line.find(" in file ") != std::string_view::npos &&
+           line.find(" at line ") != std::string_view::npos;
+}
+
+namespace {
+// The child the signal handler passes signals on to. Process-wide by nature (a signal is); set
+// once before the handlers are installed.
+volatile sig_atomic_t g_launch_child = 0;
+
+void forward_signal(int signal) {
+    if (g_launch_child > 0)
+        kill(static_cast<pid_t>(g_launch_child), signal);
+}
+}  // namespace
+
+int run_launch_forwarding(const std::vector<std::string>& argv) {
     EPO_CHECK(!argv.empty(), "empty launch command");
+    int err_pipe[2];
+    if (pipe2(err_pipe, O_CLOEXEC) != 0)
+        throw Error(ErrorKind::kIo, fmt::format("pipe: {}", std::strerror(errno)));
     auto args = c_argv(argv);
-    execvp(args[0], args.data());
-    throw Error(ErrorKind::kUsage,
-                fmt::format("cannot run {}: {}; install Open MPI (openmpi-bin) or MPICH (mpich), "
-                            "or name the launcher with --mpiexec",
-                            argv[0], std::strerror(errno)));
+    const pid_t pid = fork();
+    if (pid < 0)
+        throw Error(ErrorKind::kIo, fmt::format("fork: {}", std::strerror(errno)));
+    if (pid == 0) {
+        dup2(err_pipe[1], STDERR_FILENO);
+        execvp(args[0], args.data());
+        const std::string message = fmt::format(
+            "epo: usage error: cannot run {}: {}; install Open MPI (openmpi-bin) or "
+            "MPICH (mpich), or name the launcher with --mpiexec\n",
+            argv[0], std::strerror(errno));
+        (void)!write(STDERR_FILENO, message.data(), message.size());
+        _exit(127);
+    }
+    close(err_pipe[1]);
+    g_launch_child = pid;
+    struct sigaction action {};
+    action.sa_handler = forward_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    const int kForwarded[] = {SIGTERM, SIGINT, SIGHUP};
+    struct sigaction previous[3]{};
+    for (int i = 0; i < 3; ++i)
+        sigaction(kForwarded[i], &action, &previous[i]);
+    // Line by line, so a rank's message is never cut by a filtered line around it.
+    std::string pending;
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        pending.append(buf, static_cast<size_t>(n));
+        size_t start = 0;
+        for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+            const std::string_view line(pending.data() + start, nl - start);
+            if (!is_launcher_noise(line)) {
+                (void)!write(STDERR_FILENO, line.data(), line.size());
+                (void)!write(STDERR_FILENO, "\n", 1);
+            }
+        }
+        pending.erase(0, start);
+    }
+    if (!pending.empty() && !is_launcher_noise(pending))
+        (void)!write(STDERR_FILENO, pending.data(), pending.size());
+    close(err_pipe[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    // The pid may be reused from here on: nothing may be forwarded to it any more.
+    for (int i = 0; i < 3; ++i)
+        sigaction(kForwarded[i], &previous[i], nullptr);
+    g_launch_child = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,7 +47,15 @@ struct LaunchResult {
 // (SIGTERM, then SIGKILL) and timed_out is set.
 LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s);
 
-// Replaces this process with the command (for `epo launch`); raises epo::Error if it cannot.
-[[noreturn]] void exec_launch(const std::vector<std::string>& argv);
+// Runs the command for `epo launch` / `epo bench` and returns its exit status (128 + signal when
+// it was killed): its stdout is this process's, its stderr goes through is_launcher_noise(), and
+// SIGTERM / SIGINT / SIGHUP sent to this process are passed on to it (mpirun passes them to the
+// ranks). Raises epo::Error if it cannot be started.
+int run_launch_forwarding(const std::vector<std::string>& argv);
+
+// Lines of the launcher's own diagnostics that mean nothing to a user and drown the rank's
+// message: Open MPI's "[host:pid] [[job,0],0] ORTE_ERROR_LOG: ... in file ... at line N" (printed
+// while it tears a failed job down) and its other source-location lines. Ranks' lines pass.
+bool is_launcher_noise(std::string_view line);
 
 }  // namespace epo::comm

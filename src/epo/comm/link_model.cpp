@@ -6,8 +6,11 @@
 #include <cerrno>
 #include <cmath>
 #include <ctime>
+#include <string_view>
 
+#include "epo/comm/link_limits.h"
 #include "epo/core/error.h"
+#include "epo/core/stop_flag.h"
 
 namespace epo::comm {
 
@@ -27,6 +30,30 @@ ByteCounts operator-(ByteCounts a, const ByteCounts& b) {
     return a;
 }
 
+std::string link_value_problem(const char* key, double value) {
+    if (!std::isfinite(value) || value < 0) {
+        return fmt::format(
+            "{}={} is not a finite non-negative number: set it to 0 (link model "
+            "off) or a positive value",
+            key, value);
+    }
+    const bool latency = std::string_view(key).ends_with("latency_us");
+    if (latency && value > kMaxLatencyUs) {
+        return fmt::format(
+            "{}={} is more than {} s per collective (the key is in microseconds): "
+            "set it to at most {:g}, e.g. 5 for a real NIC",
+            key, value, kMaxLatencyUs * 1e-6, kMaxLatencyUs);
+    }
+    if (!latency && value != 0 && (value < kMinLinkGbps || value > kMaxLinkGbps)) {
+        return fmt::format(
+            "{}={} Gbit/s is outside [{:g}, {:g}]: set it to 0 (that path "
+            "unmodelled) or a bandwidth in that range, e.g. 400 for a 400 Gbit/s "
+            "NIC",
+            key, value, kMinLinkGbps, kMaxLinkGbps);
+    }
+    return "";
+}
+
 void validate_link_model(const LinkModel& model) {
     const struct {
         const char* key;
@@ -35,12 +62,8 @@ void validate_link_model(const LinkModel& model) {
                   {"comm.link.intra_node_gbps", model.intra_node_gbps},
                   {"comm.link.latency_us", model.latency_us}};
     for (const auto& f : fields) {
-        if (!std::isfinite(f.value) || f.value < 0) {
-            throw Error(ErrorKind::kConfig,
-                        fmt::format("{}={} is not a finite non-negative number: set it to 0 (link "
-                                    "model off) or a positive value",
-                                    f.key, f.value));
-        }
+        if (std::string problem = link_value_problem(f.key, f.value); !problem.empty())
+            throw Error(ErrorKind::kConfig, problem);
     }
 }
 
@@ -72,6 +95,21 @@ void sleep_until(Clock::time_point deadline) {
     ts.tv_nsec = static_cast<long>(ns % 1000000000);
     // steady_clock is CLOCK_MONOTONIC on Linux, so the absolute deadline is in the same time base.
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+    }
+}
+
+bool hold_until(Clock::time_point deadline) {
+    // Why slices and not a wake-up from the handler: the signal lands on any thread of the
+    // process, and a handler cannot wake a sleeper it does not know; a 20 ms slice costs 50
+    // wake-ups a second only while a hold lasts, and a stop is seen within one slice.
+    constexpr auto kSlice = std::chrono::milliseconds(kHoldSliceMs);
+    for (;;) {
+        if (stop_requested() != 0)
+            return false;
+        const auto now = Clock::now();
+        if (now >= deadline)
+            return true;
+        sleep_until(std::min(deadline, now + kSlice));
     }
 }
 

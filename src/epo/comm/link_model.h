@@ -45,7 +45,8 @@ struct LinkModel {
     bool enabled() const { return inter_node_gbps > 0 || intra_node_gbps > 0 || latency_us > 0; }
 };
 
-// Raises epo::Error naming the key (comm.link.*) for a negative or non-finite value.
+// Raises epo::Error naming the key (comm.link.*) for a negative or non-finite value, or one
+// outside the ranges the model can honour (link_limits.h), with the fix.
 void validate_link_model(const LinkModel& model);
 
 // The modelled duration of an operation with these byte counts, in seconds from t0 (the formula

@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <new>
 #include <thread>
 
 #include "epo/core/error.h"
@@ -16,12 +19,38 @@ std::string describe_exception(const std::exception_ptr& error) {
     try {
         std::rethrow_exception(error);
     } catch (const Error& e) {
-        return fmt::format("{}: {} [at {}]", error_kind_name(e.kind()), e.what(), e.where());
+        if (e.kind() == ErrorKind::kInternal)
+            return fmt::format("{}: {} [at {}]", error_kind_name(e.kind()), e.what(), e.where());
+        return fmt::format("{}: {}", error_kind_name(e.kind()), e.what());
+    } catch (const std::filesystem::filesystem_error& e) {
+        return fmt::format("{}: {}", error_kind_name(ErrorKind::kIo), e.what());
+    } catch (const std::bad_alloc&) {
+        return "out of memory: an allocation failed; the run needs more memory than this "
+               "machine gives it (epo validate prints the estimate)";
     } catch (const std::exception& e) {
         return fmt::format("internal error: {}", e.what());
     } catch (...) {
         return "internal error: unknown exception";
     }
+}
+
+std::string job_failure_marker_path() {
+    std::string id;
+    for (const char* v : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"}) {
+        if (const char* value = std::getenv(v); value && *value) {
+            id = value;
+            if (const char* step = std::getenv("SLURM_STEP_ID"); step && v[0] == 'S')
+                id += std::string(".") + step;
+            break;
+        }
+    }
+    if (id.empty())
+        return "";
+    for (char& c : id) {
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-')
+            c = '_';
+    }
+    return "/tmp/epo-job-" + id + ".failed";
 }
 
 void abort_job(const std::string& message, int exit_status) {
@@ -34,6 +63,13 @@ void abort_job(const std::string& message, int exit_status) {
         // Another thread is already ending the job; wait for it to take this process down.
         for (;;)
             std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    // Before MPI_Abort: the launcher's SIGTERM to the other ranks follows it.
+    if (const std::string marker = job_failure_marker_path(); !marker.empty() && size > 1) {
+        if (FILE* f = std::fopen(marker.c_str(), "w")) {
+            std::fprintf(f, "%d\n", rank);
+            std::fclose(f);
+        }
     }
     int initialized = 0;
     int finalized = 0;

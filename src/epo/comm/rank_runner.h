@@ -16,8 +16,16 @@
 
 namespace epo::comm {
 
-// "<kind>: <message> [at file:line]" for an epo::Error, the what() of other exceptions.
+// "<kind>: <message>" for an epo::Error ("[at file:line]" added for internal errors only: the
+// source location helps a bug report and means nothing to a user), "I/O error: ..." for a file
+// system failure, "out of memory: ..." for std::bad_alloc, "internal error: ..." for the rest.
 std::string describe_exception(const std::exception_ptr& error);
+
+// Where a failing rank leaves its rank number before it ends the job, so that the ranks torn
+// down after it can say why they received SIGTERM (checkpoint/stop_signal.h): a file under /tmp
+// named by the launcher's job id (PMIx namespace, Open MPI job id, Slurm job and step); "" when
+// the launcher names no job.
+std::string job_failure_marker_path();
 
 // Prints "epo: rank R of N failed: <message>" and ends the whole job (MPI_Abort with
 // `exit_status`; without MPI, the process exits with it). The first caller wins: a second

@@ -1,6 +1,11 @@
 // Value checks: every numeric field against the limits its section declares (VA001), values a
 // run cannot do without (VA002), the env section (EN001-EN003), the learning-rate schedule
-// (TR001/TR002) and a checkpoint interval with nowhere to save (W013).
+// (TR001/TR002), a checkpoint interval with nowhere to save (W013), and the link model: values
+// out of the range it can model (VA003) and a link too slow for one all-to-all to finish within
+// comm.timeout_s (VA004).
+#include <cmath>
+
+#include "epo/comm/link_limits.h"
 #include "epo/config/rules.h"
 #include "epo/config/tree_walk.h"
 
@@ -17,6 +22,54 @@ std::optional<double> numeric(const T& field) {
         }
     }
     return std::nullopt;
+}
+
+// VA003, VA004. The dispatch all-to-all of one micro-batch sends, from each rank,
+//     bytes = micro_batch_size * seq_length * moe_router_topk * hidden_size * 2 (bf16 rows)
+//             * (EP - 1) / EP                  (uniform routing: 1/EP of the rows stay local)
+// and the link model holds it latency + bytes * 8 / (gbps * 1e9) seconds on the slowest path it
+// models. A step runs several of them; if one alone outlasts comm.timeout_s, no step can finish,
+// and the run would only find out after the first hold (formerly: it held for years).
+void check_link(const RuleContext& ctx) {
+    const LinkConfig& link = ctx.user.comm.link;
+    const struct {
+        const char* key;
+        std::optional<double> value;
+    } fields[] = {{"comm.link.inter_node_gbps", link.inter_node_gbps},
+                  {"comm.link.intra_node_gbps", link.intra_node_gbps},
+                  {"comm.link.latency_us", link.latency_us}};
+    bool ok = true;
+    for (const auto& f : fields) {
+        if (!f.value)
+            continue;
+        const std::string problem = comm::link_value_problem(f.key, *f.value);
+        if (!problem.empty() && *f.value >= 0 && std::isfinite(*f.value)) {  // else VA001
+            ctx.error("VA003", f.key, show(*f.value), problem,
+                      fmt::format("set {} to 0 or a value in range", f.key));
+            ok = false;
+        }
+    }
+    const ModelConfig& m = ctx.fin.model;
+    const int ep = m.expert_model_parallel_size;
+    if (!ok || ep <= 1 || !m.num_moe_experts || *m.num_moe_experts <= 0)
+        return;
+    const double bytes = static_cast<double>(ctx.fin.train.micro_batch_size) * m.seq_length *
+                         m.moe_router_topk * m.hidden_size * 2.0 * (ep - 1) / ep;
+    for (const auto& f : {fields[0], fields[1]}) {
+        const double gbps = f.value.value_or(0);
+        if (gbps <= 0)
+            continue;
+        const double seconds = link.latency_us.value_or(0) * 1e-6 + bytes * 8 / (gbps * 1e9);
+        if (seconds > ctx.user.comm.timeout_s) {
+            ctx.error("VA004", f.key, show(gbps),
+                      fmt::format("at {} Gbit/s one micro-batch's dispatch all-to-all ({:.3g} MB "
+                                  "per rank) is held {:.3g} s, more than comm.timeout_s = {} s: "
+                                  "no step could finish",
+                                  gbps, bytes / 1e6, seconds, ctx.user.comm.timeout_s),
+                      fmt::format("raise {} to at least {:.3g}, or raise comm.timeout_s", f.key,
+                                  bytes * 8 / (ctx.user.comm.timeout_s * 1e9)));
+        }
+    }
 }
 
 }  // namespace
@@ -76,6 +129,15 @@ void check_values(const RuleContext& ctx) {
                  "checkpoint.save_interval is set but checkpoint.save is null: nothing is saved",
                  "set checkpoint.save to a directory");
     }
+    // Checked here, not by the field's limits: beyond 1e7 s the deadline in nanoseconds
+    // overflowed into an immediate false timeout.
+    if (ctx.user.comm.timeout_s > comm::kMaxTimeoutS) {
+        ctx.error(
+            "VA001", "comm.timeout_s", show(ctx.user.comm.timeout_s),
+            fmt::format("comm.timeout_s must be at most {:g} s", comm::kMaxTimeoutS),
+            fmt::format("set comm.timeout_s to a value up to {:g}, e.g. 300", comm::kMaxTimeoutS));
+    }
+    check_link(ctx);
 }
 
 }  // namespace epo::config

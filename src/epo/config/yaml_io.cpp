@@ -279,8 +279,9 @@ private:
             const std::string& name = entry.first.Scalar();
             const std::string key = detail::join_key(prefix, name);
             if (!fields.count(name)) {
-                throw Error(ErrorKind::kUsage,
-                            where(entry.first.Mark()) + unknown_key_message(key));
+                // Collected, not thrown: a file with several typos hears of all of them at once.
+                unknown_keys_.push_back(where(entry.first.Mark()) + unknown_key_message(key));
+                continue;
             }
             if (!out.emplace(name, Entry{entry.second, entry.first.Mark()}).second) {
                 fail(entry.first.Mark(), key, "key given twice");
@@ -296,7 +297,22 @@ private:
         return node.IsSequence() ? "a list" : "a mapping";
     }
 
+public:
+    // Raises kUsage listing every unknown key the reader met, one per line.
+    void throw_unknown_keys() const {
+        if (unknown_keys_.empty()) {
+            return;
+        }
+        throw Error(ErrorKind::kUsage,
+                    unknown_keys_.size() == 1
+                        ? unknown_keys_.front()
+                        : fmt::format("{}: {} unknown keys:\n  {}", source_.name,
+                                      unknown_keys_.size(), fmt::join(unknown_keys_, "\n  ")));
+    }
+
+private:
     const YamlSource& source_;
+    mutable std::vector<std::string> unknown_keys_;
 };
 
 }  // namespace
@@ -345,6 +361,7 @@ void apply_yaml(Config& config, const YAML::Node& root, const YamlSource& source
     Reader reader(source);
     const std::optional<std::string> recipe = config.recipe;  // applied by the caller
     reader.read_section(root, config, "");
+    reader.throw_unknown_keys();
     config.recipe = recipe;
 }
 
@@ -376,8 +393,17 @@ Config config_from_yaml(std::string_view text, const YamlSource& source) {
 
 std::string read_text_file(const std::filesystem::path& path) {
     std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("{}: is a directory, not a configuration file; give a YAML file "
+                                "(e.g. examples/tiny-moe-cpu.yaml)",
+                                path.string()));
+    }
     if (!std::filesystem::is_regular_file(path, ec)) {
-        throw Error(ErrorKind::kUsage, fmt::format("{}: no such file", path.string()));
+        throw Error(
+            ErrorKind::kUsage,
+            fmt::format("{}: {}", path.string(),
+                        std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
     }
     if (std::filesystem::file_size(path, ec) > kMaxYamlBytes) {
         throw Error(ErrorKind::kUsage,

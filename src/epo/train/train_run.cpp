@@ -9,8 +9,10 @@
 
 #include "epo/checkpoint/checkpoint.h"
 #include "epo/checkpoint/rank_agreement.h"
+#include "epo/checkpoint/start_checks.h"
 #include "epo/checkpoint/stop_signal.h"
 #include "epo/comm/mpi_runtime.h"
+#include "epo/config/memory_estimate.h"
 #include "epo/config/validate.h"
 #include "epo/config/yaml_io.h"
 #include "epo/train/nonfinite.h"
@@ -27,17 +29,58 @@ void check_finite(const StepResult& r, comm::Communicator& control) {
                                checkpoint::all_gather_strings(control, r.first_nonfinite_grad));
 }
 
-// checkpoint.load: rank 0 picks the latest complete checkpoint, every rank loads it.
-void resume(Trainer& trainer, const config::Config& cfg, comm::Communicator& control,
+// Start-up checks, before the trainer allocates anything and before the first step: the memory
+// the ranks of this host need (config/memory_estimate.h) against what the machine has, and the
+// checkpoint paths. Every rank checks on its own (no rank waits on another to learn the verdict),
+// then the ranks agree through the control communicator, a collective with a deadline, so a problem
+// one rank sees stops all of them at once with its message (formerly rank 0 said "not a directory"
+// and the others waited comm.timeout_s for it, then reported a false communication error).
+// Returns the checkpoint to load, the same on every rank.
+std::optional<std::filesystem::path> start_up_checks(const config::Config& cfg,
+                                                     const comm::JobShape& job,
+                                                     comm::Communicator& control) {
+    std::optional<std::filesystem::path> found;
+    std::exception_ptr failure;
+    try {
+        config::check_memory_fits(config::estimate_rank_memory(cfg, job.world_size),
+                                  job.ranks_per_host > 0 ? job.ranks_per_host : job.world_size,
+                                  config::available_memory_bytes());
+        if (cfg.checkpoint.save)
+            checkpoint::check_save_dir_writable(*cfg.checkpoint.save);
+        if (cfg.checkpoint.load) {
+            const std::filesystem::path load = *cfg.checkpoint.load;
+            found = checkpoint::find_latest_checkpoint(load);
+            // A load directory that does not exist is the first run of a restartable job only
+            // when it is also where the run saves; anything else is a typo that would silently
+            // start from iteration 0.
+            const bool restartable =
+                cfg.checkpoint.save && std::filesystem::path(*cfg.checkpoint.save) == load;
+            if (!found && !std::filesystem::exists(load) && !restartable) {
+                throw Error(ErrorKind::kConfig,
+                            fmt::format("checkpoint.load = '{}' does not exist; give the "
+                                        "directory checkpoints were saved to, or set "
+                                        "checkpoint.load to the checkpoint.save directory to make "
+                                        "a first run that finds nothing start from iteration 0",
+                                        load.string()));
+            }
+        }
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    checkpoint::agree_on_success(control, failure);
+    const std::string agreed =
+        checkpoint::broadcast_string(control, found ? found->string() : std::string(), 0);
+    if (agreed.empty())
+        return std::nullopt;
+    return std::filesystem::path(agreed);
+}
+
+// checkpoint.load: every rank loads the checkpoint the start-up checks found.
+void resume(Trainer& trainer, const config::Config& cfg,
+            const std::optional<std::filesystem::path>& found, comm::Communicator& control,
             std::ostream& log) {
     const int rank = control.rank();
-    std::string found;
-    if (rank == 0) {
-        if (auto dir = checkpoint::find_latest_checkpoint(*cfg.checkpoint.load))
-            found = dir->string();
-    }
-    found = checkpoint::broadcast_string(control, found, 0);
-    if (found.empty()) {
+    if (!found) {
         if (rank == 0)
             log << fmt::format("no checkpoint in '{}' (checkpoint.load): starting from iteration 0",
                                *cfg.checkpoint.load)
@@ -45,11 +88,11 @@ void resume(Trainer& trainer, const config::Config& cfg, comm::Communicator& con
         return;
     }
     const auto start = std::chrono::steady_clock::now();
-    trainer.load_checkpoint(found, control);
+    trainer.load_checkpoint(*found, control);
     if (rank == 0) {
         log << fmt::format(
-                   "successfully loaded checkpoint from {} at iteration {} [ {:.2f} s ]", found,
-                   trainer.steps_done(),
+                   "successfully loaded checkpoint from {} at iteration {} [ {:.2f} s ]",
+                   found->string(), trainer.steps_done(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count())
             << std::endl;
     }
@@ -90,8 +133,8 @@ config::ValidationReport prepare_run_config(const config::ConfigSources& sources
 
 TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
     const int rank = comm::current_world_rank();
-    const config::ValidationReport report =
-        prepare_run_config(options.sources, comm::current_job_shape());
+    const comm::JobShape job = comm::current_job_shape();
+    const config::ValidationReport report = prepare_run_config(options.sources, job);
     if (!report.ok()) {
         std::string ids;
         for (const auto& e : report.errors)
@@ -117,9 +160,10 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
                              .expert_model_parallel_size = cfg.model.expert_model_parallel_size,
                              .gpus_per_node = config::gpus_per_node(cfg.comm)},
         cfg.comm.timeout_s);
+    const std::optional<std::filesystem::path> to_load = start_up_checks(cfg, job, control);
     Trainer trainer(report.config, TrainerOptions{.keep_records = options.keep_records});
     if (cfg.checkpoint.load)
-        resume(trainer, cfg, control, log);
+        resume(trainer, cfg, to_load, control, log);
     result.first_iteration = trainer.steps_done() + 1;
     const int64_t iters = cfg.train.train_iters;
     const int64_t gbs = config::global_batch_size(cfg);

@@ -1,0 +1,207 @@
+#include "epo/config/memory_estimate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "epo/core/error.h"
+
+namespace epo::config {
+namespace {
+
+struct Widths {
+    int64_t c = 2;  // compute dtype bytes
+    int64_t H = 0, V = 0, S = 0, B = 1, T = 0;
+    int64_t A = 0, G = 0, d = 0, W = 0;
+    int64_t E = 0, E_local = 0, k = 0, F = 0, f1 = 0;  // MoE
+    int64_t Fd = 0, f1d = 0;                           // dense MLP
+    int64_t Fs = 0, f1s = 0;                           // shared expert (0: none)
+};
+
+Widths widths_of(const Config& cfg) {
+    const ModelConfig& m = cfg.model;
+    Widths w;
+    const bool gated = m.gated_linear_unit;
+    w.c = m.bf16 ? 2 : 4;
+    w.H = m.hidden_size;
+    w.V = m.vocab_size.value_or(0);
+    w.S = m.seq_length;
+    w.B = cfg.train.micro_batch_size;
+    w.T = w.B * w.S;
+    w.A = m.num_attention_heads;
+    w.G = num_query_groups(m);
+    w.d = kv_channels(m);
+    w.W = (w.A + 2 * w.G) * w.d;
+    w.Fd = ffn_hidden_size(m);
+    w.f1d = gated ? 2 * w.Fd : w.Fd;
+    if (is_moe(m)) {
+        w.E = *m.num_moe_experts;
+        w.E_local = w.E / std::max(1, m.expert_model_parallel_size);
+        w.k = m.moe_router_topk;
+        w.F = moe_ffn_hidden_size(m);
+        w.f1 = gated ? 2 * w.F : w.F;
+        w.Fs = m.moe_shared_expert_intermediate_size.value_or(0);
+        w.f1s = gated ? 2 * w.Fs : w.Fs;
+    }
+    return w;
+}
+
+struct ParamCounts {
+    int64_t dense = 0;
+    int64_t expert = 0;
+};
+
+ParamCounts param_counts(const Config& cfg, const Widths& w) {
+    const ModelConfig& m = cfg.model;
+    ParamCounts p;
+    p.dense = w.V * w.H * (m.share_embeddings_and_output_weights ? 1 : 2) + w.H;
+    for (bool moe : moe_layer_pattern(m)) {
+        p.dense += 2 * w.H + w.H * w.W + w.A * w.d * w.H + (m.qk_layernorm ? 2 * w.d : 0);
+        if (moe) {
+            p.dense += w.E * w.H + (m.moe_router_enable_expert_bias ? w.E : 0);
+            p.dense += w.H * w.f1s + w.Fs * w.H;
+            p.expert += w.E_local * (w.H * w.f1 + w.F * w.H);
+        } else {
+            p.dense += w.H * w.f1d + w.Fd * w.H;
+        }
+    }
+    return p;
+}
+
+struct LayerBytes {
+    int64_t fwd = 0;
+    int64_t bwd = 0;
+};
+
+// The per-layer formulas of the header, one micro-batch.
+LayerBytes layer_bytes(const Config& cfg, const Widths& w, bool moe) {
+    const int64_t c = w.c, T = w.T, H = w.H, R = T * w.k;
+    LayerBytes b;
+    b.fwd =
+        8 * T * H + 2 * c * T * H + 8 * T + c * T * (w.W + w.A * w.d) + c * w.B * w.A * w.S * w.S;
+    if (cfg.model.qk_layernorm)
+        b.fwd += 4 * T * (w.A + w.G) * (w.d + 1);
+    b.bwd = c * T * H + c * T * w.W + c * T * H + 4 * T * H;
+    if (moe) {
+        b.fwd += 8 * T * w.E + 12 * T * w.k + 6 * c * R * H + c * R * (w.f1 + w.F);
+        b.bwd += 6 * T * w.E + 5 * c * R * H + c * R * w.f1;
+        if (w.Fs > 0) {
+            b.fwd += c * T * (w.f1s + w.Fs) + 4 * T * H;
+            b.bwd += c * T * w.f1s;
+        }
+    } else {
+        b.fwd += c * T * (w.f1d + w.Fd);
+        b.bwd += c * T * w.f1d;
+    }
+    return b;
+}
+
+double gib(int64_t bytes) {
+    return static_cast<double>(bytes) / (1024.0 * 1024 * 1024);
+}
+
+std::optional<int64_t> read_number(const char* path) {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text) || text == "max")
+        return std::nullopt;
+    try {
+        return std::stoll(text);
+    } catch (...) {
+        return std::nullopt;
+    }
+}
+
+std::optional<int64_t> mem_available() {
+    std::ifstream in("/proc/meminfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream fields(line);
+        std::string key;
+        int64_t kib = 0;
+        if (fields >> key >> kib && key == "MemAvailable:")
+            return kib * 1024;
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size) {
+    const Widths w = widths_of(cfg);
+    const ParamCounts p = param_counts(cfg, w);
+    const int64_t params = p.dense + p.expert;
+    MemoryEstimate m;
+    m.parameters = params * (4 + (w.c == 4 ? 0 : w.c));
+    m.gradients = params * 4;
+    const bool distributed = cfg.ddp.use_distributed_optimizer;
+    const int64_t dp_dense = std::max<int64_t>(1, data_parallel_size(cfg));
+    const int64_t dp_expert =
+        std::max<int64_t>(1, world_size / std::max(1, cfg.model.expert_model_parallel_size));
+    m.optimizer =
+        p.dense * 8 / (distributed ? dp_dense : 1) + p.expert * 8 / (distributed ? dp_expert : 1);
+    m.packed = p.expert * 2 * w.c;
+
+    int64_t per_micro_batch = w.T * (4 * w.H + w.c * w.H + 4 * w.H + w.c * w.V) + 4 * w.T +
+                              8 * w.T * w.H;  // output state + the two gradient buffers
+    for (bool moe : moe_layer_pattern(cfg.model)) {
+        const LayerBytes b = layer_bytes(cfg, w, moe);
+        per_micro_batch += b.fwd + b.bwd;
+    }
+    m.micro_batches_in_flight = cfg.model.overlap_moe_expert_parallel_comm ? 2 : 1;
+    m.activations = m.micro_batches_in_flight * per_micro_batch;
+    m.scratch = 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
+    return m;
+}
+
+std::string format_memory_estimate(const MemoryEstimate& m) {
+    return fmt::format(
+        "{:.2f} GiB per rank: parameters {:.2f}, gradients {:.2f}, optimizer state {:.2f}, "
+        "packed expert weights {:.2f}, activations {:.2f} ({} micro-batch{} in flight), "
+        "scratch {:.2f}, runtime {:.2f} GiB",
+        gib(m.total()), gib(m.parameters), gib(m.gradients), gib(m.optimizer), gib(m.packed),
+        gib(m.activations), m.micro_batches_in_flight, m.micro_batches_in_flight == 1 ? "" : "es",
+        gib(m.scratch), gib(m.runtime));
+}
+
+std::optional<int64_t> available_memory_bytes() {
+    std::optional<int64_t> available = mem_available();
+    // cgroup v2, then v1: the limit minus what the group already uses.
+    const struct {
+        const char* limit;
+        const char* usage;
+    } groups[] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                  {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                   "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+    for (const auto& g : groups) {
+        const std::optional<int64_t> limit = read_number(g.limit);
+        // v1 reports "no limit" as a huge number (close to 2^63).
+        if (!limit || *limit >= (int64_t{1} << 60))
+            continue;
+        const int64_t left = *limit - read_number(g.usage).value_or(0);
+        available = available ? std::min(*available, left) : left;
+        break;
+    }
+    return available;
+}
+
+void check_memory_fits(const MemoryEstimate& estimate, int ranks_on_host,
+                       std::optional<int64_t> available) {
+    const int64_t need = estimate.total() * std::max(1, ranks_on_host);
+    if (!available || need <= *available)
+        return;
+    throw Error(
+        ErrorKind::kConfig,
+        fmt::format("the run needs about {:.2f} GiB of memory ({} rank{} on this host at {}) but "
+                    "this machine has {:.2f} GiB available (MemAvailable, or the cgroup's limit "
+                    "when lower); shrink model.hidden_size, model.num_layers, "
+                    "model.moe_ffn_hidden_size / ffn_hidden_size, model.num_moe_experts, "
+                    "model.vocab_size, model.seq_length or train.micro_batch_size, or spread the "
+                    "experts over more ranks (model.expert_model_parallel_size)",
+                    gib(need), ranks_on_host, ranks_on_host == 1 ? "" : "s",
+                    format_memory_estimate(estimate), gib(*available)));
+}
+
+}  // namespace epo::config

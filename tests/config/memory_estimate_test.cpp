@@ -1,0 +1,80 @@
+// The memory estimate's formulas (config/memory_estimate.h) on hand-counted shapes, and the
+// refusal a run gets when the estimate does not fit the machine.
+#include "epo/config/memory_estimate.h"
+
+#include <gtest/gtest.h>
+
+#include "epo/config/recipes.h"
+#include "epo/config/validate.h"
+#include "epo/core/error.h"
+
+namespace epo::config {
+namespace {
+
+Config tiny(int ep) {
+    Config c = make_recipe("tiny-moe");
+    c.comm.gpus_per_node = ep;
+    c.model.expert_model_parallel_size = ep;
+    c.train.global_batch_size = 8;
+    return validate(c).config;
+}
+
+TEST(MemoryEstimate, ParametersOfTinyMoeCountedByHand) {
+    // tiny-moe: V 256, H 256, 4 heads of 64, 2 groups, 8 experts of F 512 (SwiGLU), 2 layers.
+    // Dense: 2 VH + H + 2 * (2H + H(4 + 4)64 + 4*64*H + 8H) = 529,664; experts on each of 2 EP
+    // ranks: 2 * 4 * (H * 1024 + 512 H) = 3,145,728.
+    const int64_t dense = 529'664, expert = 3'145'728;
+    const MemoryEstimate m = estimate_rank_memory(tiny(2), 2);
+    EXPECT_EQ(m.parameters, (dense + expert) * (4 + 2));  // fp32 master + bf16 compute
+    EXPECT_EQ(m.gradients, (dense + expert) * 4);
+    EXPECT_EQ(m.optimizer, (dense + expert) * 8);  // not distributed: whole Adam m, v
+    EXPECT_EQ(m.packed, expert * 2 * 2);
+    EXPECT_EQ(m.runtime, kRuntimeBaseBytes);
+}
+
+TEST(MemoryEstimate, OverlapHoldsTwoMicroBatches) {
+    Config base = tiny(2);
+    Config overlap = base;
+    overlap.model.overlap_moe_expert_parallel_comm = true;
+    const MemoryEstimate b = estimate_rank_memory(base, 2), o = estimate_rank_memory(overlap, 2);
+    EXPECT_EQ(b.micro_batches_in_flight, 1);
+    EXPECT_EQ(o.micro_batches_in_flight, 2);
+    EXPECT_EQ(o.activations, 2 * b.activations);
+}
+
+TEST(MemoryEstimate, DistributedOptimizerShardsTheMoments) {
+    Config c = tiny(1);
+    c.comm.gpus_per_node = 2;  // EP 1 over 2 ranks: dense and experts both replicated twice
+    const int64_t whole = estimate_rank_memory(c, 2).optimizer;
+    c.ddp.use_distributed_optimizer = true;
+    EXPECT_EQ(estimate_rank_memory(c, 2).optimizer, whole / 2);
+}
+
+// The example: hidden 65536 validated and died in std::bad_alloc.
+TEST(MemoryEstimate, ARunThatCannotFitIsRefusedWithBothNumbersAndTheFields) {
+    Config c = tiny(2);
+    c.model.hidden_size = 65536;
+    const MemoryEstimate m = estimate_rank_memory(c, 2);
+    EXPECT_GT(m.total(), int64_t{10} << 30);
+    try {
+        check_memory_fits(m, 2, int64_t{8} << 30);
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("this machine has 8.00 GiB available"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("2 ranks on this host"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("model.hidden_size"), std::string::npos) << msg;
+    }
+    EXPECT_NO_THROW(check_memory_fits(m, 2, std::nullopt));  // unknown: not refused
+    EXPECT_NO_THROW(check_memory_fits(estimate_rank_memory(tiny(2), 2), 2, int64_t{8} << 30));
+}
+
+TEST(MemoryEstimate, AvailableMemoryIsReadFromThisMachine) {
+    const std::optional<int64_t> available = available_memory_bytes();
+    ASSERT_TRUE(available.has_value());
+    EXPECT_GT(*available, 0);
+}
+
+}  // namespace
+}  // namespace epo::config
