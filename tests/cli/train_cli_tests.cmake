@@ -63,6 +63,6 @@ epo_train_cli_test(train_link_denormal 1 "VA003" "comm.link.intra_node_gbps=1e-3
 # locations in a user's error.
 epo_train_cli_test(train_survivor_says_peer_failed 1
                    "rank 0 of 2 received SIGTERM: the job is ending because rank 1 failed"
-                   "rank 1 of 2 failed: .*injected failure \\(EPO_INJECT_FAILURE\\) in mb1.layer1.dispatch.forward of step 2$"
+                   "rank 1 of 2 failed: .*injected failure \\(EPO_INJECT_FAILURE\\) in mb1.layer1.dispatch.forward of step 2: the node's own work failed"
                    NP 2 ENV EPO_INJECT_FAILURE=1:2:mb1.layer1.dispatch.forward
                    RUN ${_tiny_train} --moe_a2a_overlap true)

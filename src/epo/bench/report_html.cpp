@@ -294,8 +294,7 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
     html += fmt::format(
         "<p><b>Overlap speedup {}</b> (baseline over overlap, median step times); overlap "
         "efficiency {} against the critical-path bound; losses, grad norms and final parameters "
-        "bit-identical: <b>{}</b>.</p>
-",
+        "bit-identical: <b>{}</b>.</p>\n",
         opt(m.at("overlap_speedup"), "{:.2f}x"), format_efficiency(m.at("overlap_efficiency")),
         m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
     html +=
