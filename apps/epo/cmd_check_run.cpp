@@ -14,7 +14,8 @@ void add_check_run_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "check-run",
         "Check a finished `epo bench` run directory: configuration finalized, overlap flags on, "
-        "every step completed, no hang, losses bit-identical to the baseline, throughput not "
+        "every step completed, no hang, losses, grad norms and final parameters bit-identical to "
+        "the baseline, throughput not "
         "reduced. Exit status 0 only if all pass.");
     cmd->add_option("run_dir", *dir, "the run directory (epo bench --out)")->required();
     cmd->callback([dir] {
