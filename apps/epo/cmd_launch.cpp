@@ -24,6 +24,9 @@ void add_launch_command(CLI::App& app) {
                     "ranks, at least 1)");
     sub->add_option("--mpiexec", options->mpiexec,
                     "launcher to use (default: the one of the MPI library epo is linked with)");
+    sub->add_option("--hosts", options->hosts,
+                    "hosts and their slots, e.g. a:2,b:2 (Open MPI -H, MPICH -hosts; default: "
+                    "this machine)");
     sub->add_flag("--dry-run", *dry_run, "print the launcher command line instead of running it");
     // Everything from the first positional argument on is the program and its own arguments.
     sub->prefix_command();
@@ -35,7 +38,7 @@ void add_launch_command(CLI::App& app) {
             throw Error(ErrorKind::kUsage,
                         fmt::format("epo launch: unknown option {}: name the program right after "
                                     "launch's own options (-n, --omp-threads, --mpiexec, "
-                                    "--dry-run)",
+                                    "--hosts, --dry-run)",
                                     options->command.front()));
         }
         const auto argv = comm::make_launch_command(*options);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -68,6 +69,9 @@ std::vector<std::string> make_launch_command(const LaunchOptions& options, MpiFl
         argv.push_back("--oversubscribe");
     }
     argv.insert(argv.end(), {"-np", std::to_string(options.num_ranks)});
+    if (!options.hosts.empty()) {
+        argv.insert(argv.end(), {flavor == MpiFlavor::kOpenMpi ? "-H" : "-hosts", options.hosts});
+    }
     argv.insert(argv.end(), options.mpiexec_args.begin(), options.mpiexec_args.end());
 
     auto env = options.env;
@@ -131,7 +135,7 @@ void forward_signal(int signal) {
 }
 }  // namespace
 
-int run_launch_forwarding(const std::vector<std::string>& argv) {
+int run_launch_forwarding(const std::vector<std::string>& argv, double failure_grace_s) {
     EPO_CHECK(!argv.empty(), "empty launch command");
     int err_pipe[2];
     if (pipe2(err_pipe, O_CLOEXEC) != 0)
@@ -160,32 +164,73 @@ int run_launch_forwarding(const std::vector<std::string>& argv) {
     struct sigaction previous[3]{};
     for (int i = 0; i < 3; ++i)
         sigaction(kForwarded[i], &action, &previous[i]);
-    // Line by line, so a rank's message is never cut by a filtered line around it.
+    // Line by line, so a rank's message is never cut by a filtered line around it. The pipe is
+    // polled, so the launcher's exit is seen even while a rank it left behind holds the pipe.
     std::string pending;
     char buf[4096];
-    for (;;) {
+    using Clock = std::chrono::steady_clock;
+    std::optional<Clock::time_point> failed_at, terminated_at;
+    int status = 0;
+    bool exited = false;
+    // Reads what the pipe holds within `wait_ms`; false at its end (every writer gone).
+    const auto read_some = [&](int wait_ms) {
+        pollfd p{err_pipe[0], POLLIN, 0};
+        if (poll(&p, 1, wait_ms) <= 0)
+            return true;
         const ssize_t n = read(err_pipe[0], buf, sizeof buf);
         if (n < 0 && errno == EINTR)
-            continue;
+            return true;
         if (n <= 0)
-            break;
+            return false;
         pending.append(buf, static_cast<size_t>(n));
         size_t start = 0;
         for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
             const std::string_view line(pending.data() + start, nl - start);
+            if (!failed_at && line.find("epo: rank ") != std::string_view::npos &&
+                line.find(" failed: ") != std::string_view::npos)
+                failed_at = Clock::now();
             if (!is_launcher_noise(line)) {
                 (void)!write(STDERR_FILENO, line.data(), line.size());
                 (void)!write(STDERR_FILENO, "\n", 1);
             }
         }
         pending.erase(0, start);
+        return true;
+    };
+    for (bool open = true; !exited;) {
+        if (open) {
+            open = read_some(500);
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        const pid_t done = waitpid(pid, &status, WNOHANG);
+        exited = done == pid;
+        if (exited || !failed_at)
+            continue;
+        const double since = std::chrono::duration<double>(Clock::now() - *failed_at).count();
+        if (!terminated_at && since > failure_grace_s) {
+            const std::string message = fmt::format(
+                "epo launch: {} was still running {:.0f} s after a rank failed (a host that "
+                "stopped answering keeps Open MPI waiting on its daemon); stopping it\n",
+                argv[0], failure_grace_s);
+            (void)!write(STDERR_FILENO, message.data(), message.size());
+            kill(pid, SIGTERM);
+            terminated_at = Clock::now();
+        } else if (terminated_at &&
+                   std::chrono::duration<double>(Clock::now() - *terminated_at).count() > 5) {
+            kill(pid, SIGKILL);
+        }
+    }
+    // What the launcher wrote just before it ended (a rank it left behind may keep the pipe open,
+    // so only what is there now).
+    for (int i = 0; i < 1000; ++i) {
+        pollfd p{err_pipe[0], POLLIN, 0};
+        if (poll(&p, 1, 0) <= 0 || !read_some(0))
+            break;
     }
     if (!pending.empty() && !is_launcher_noise(pending))
         (void)!write(STDERR_FILENO, pending.data(), pending.size());
     close(err_pipe[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
     // The pid may be reused from here on: nothing may be forwarded to it any more.
     for (int i = 0; i < 3; ++i)
         sigaction(kForwarded[i], &previous[i], nullptr);

@@ -26,6 +26,7 @@ struct LaunchOptions {
     int omp_threads = 0;
     std::string mpiexec;                    // empty = the launcher of the linked MPI library
     std::vector<std::string> mpiexec_args;  // extra launcher flags, e.g. "--bind-to", "none"
+    std::string hosts;  // "a:2,b:2" (Open MPI -H, MPICH -hosts); empty: this machine
     std::vector<std::pair<std::string, std::string>> env;  // extra environment of every rank
 };
 
@@ -50,8 +51,13 @@ LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s);
 // Runs the command for `epo launch` / `epo bench` and returns its exit status (128 + signal when
 // it was killed): its stdout is this process's, its stderr goes through is_launcher_noise(), and
 // SIGTERM / SIGINT / SIGHUP sent to this process are passed on to it (mpirun passes them to the
-// ranks). Raises epo::Error if it cannot be started.
-int run_launch_forwarding(const std::vector<std::string>& argv);
+// ranks). Once a rank has reported its failure ("epo: rank R of N failed: ..."), the launcher
+// gets `failure_grace_s` to end the job; one still running then is stopped (SIGTERM, SIGKILL
+// 5 s later) with a message: after an MPI_Abort, Open MPI's mpirun can wait for good on the
+// daemon of a host that stopped answering. Raises epo::Error if it cannot be started.
+inline constexpr double kLauncherFailureGraceS = 30;
+int run_launch_forwarding(const std::vector<std::string>& argv,
+                          double failure_grace_s = kLauncherFailureGraceS);
 
 // Lines of the launcher's own diagnostics that mean nothing to a user and drown the rank's
 // message: Open MPI's "[host:pid] [[job,0],0] ORTE_ERROR_LOG: ... in file ... at line N" (printed
