@@ -389,6 +389,10 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
     }
 }
 
+bool GptModel::is_moe_layer(int l) const {
+    return layer_shapes_[static_cast<size_t>(l)].is_moe;
+}
+
 void GptModel::forward(int mb, comm::Communicator& ep, Arena& scratch) {
     using schedule::NodeKind;
     using schedule::Phase;
@@ -397,14 +401,13 @@ void GptModel::forward(int mb, comm::Communicator& ep, Arena& scratch) {
             scratch);
     };
     const auto L = static_cast<int>(shape_.num_layers);
-    const auto is_moe = [&](int l) { return layer_shapes_[static_cast<size_t>(l)].is_moe; };
     call(-1, NodeKind::kEmbedding, Phase::kForward);
     for (int l = 0; l < L; ++l) {
         call(l, NodeKind::kPreDispatch, Phase::kForward);
-        if (is_moe(l))
+        if (is_moe_layer(l))
             call(l, NodeKind::kDispatch, Phase::kForward);
         call(l, NodeKind::kMlp, Phase::kForward);
-        if (is_moe(l))
+        if (is_moe_layer(l))
             call(l, NodeKind::kCombine, Phase::kForward);
     }
     call(-1, NodeKind::kOutput, Phase::kForward);
@@ -418,13 +421,12 @@ void GptModel::backward(int mb, comm::Communicator& ep, Arena& scratch) {
             scratch);
     };
     const auto L = static_cast<int>(shape_.num_layers);
-    const auto is_moe = [&](int l) { return layer_shapes_[static_cast<size_t>(l)].is_moe; };
     call(-1, NodeKind::kOutput, Phase::kBackward);
     for (int l = L - 1; l >= 0; --l) {
-        if (is_moe(l))
+        if (is_moe_layer(l))
             call(l, NodeKind::kCombine, Phase::kBackward);
         call(l, NodeKind::kMlp, Phase::kBackward);
-        if (is_moe(l))
+        if (is_moe_layer(l))
             call(l, NodeKind::kDispatch, Phase::kBackward);
         call(l, NodeKind::kPreDispatch, Phase::kBackward);
     }

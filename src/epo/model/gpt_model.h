@@ -176,6 +176,7 @@ private:
     };
 
     MicroBatch& micro_batch(int mb);
+    bool is_moe_layer(int l) const;
     LayerState& layer_state(MicroBatch& m, int l);                    // acquires on first use
     Tensor handoff(std::vector<HandoffState*>& slots, int position);  // acquires
     void release_handoff(std::vector<HandoffState*>& slots, int position);

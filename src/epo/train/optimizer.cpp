@@ -10,10 +10,7 @@
 #include "epo/train/nonfinite.h"
 
 namespace epo::train {
-namespace {
 
-// Sum over the group of one double per rank, added in group-rank order (exact and identical on
-// every rank).
 double group_sum(comm::Communicator& c, double local) {
     std::vector<double> all(static_cast<size_t>(c.size()));
     c.all_gather(std::span<const double>(&local, 1), std::span<double>(all));
@@ -22,6 +19,8 @@ double group_sum(comm::Communicator& c, double local) {
         s += v;
     return s;
 }
+
+namespace {
 
 LrDecayStyle lr_style(config::LrDecayStyle s) {
     switch (s) {

@@ -32,6 +32,10 @@
 
 namespace epo::train {
 
+// Sum over the group of one double per rank, added in group-rank order (exact and identical on
+// every rank): the norm's expert term here, the step's loss reductions in the Trainer.
+double group_sum(comm::Communicator& c, double local);
+
 // The optimizer's settings, translated once from the configuration's sections.
 struct OptimizerConfig {
     AdamConfig adam;  // adam.lr is replaced by the scheduled rate each step

@@ -22,17 +22,6 @@ int64_t now_ns() {
         .count();
 }
 
-// Sum over the group of one double per rank, added in group-rank order (exact and identical on
-// every rank).
-double group_sum(comm::Communicator& c, double local) {
-    std::vector<double> all(static_cast<size_t>(c.size()));
-    c.all_gather(std::span<const double>(&local, 1), std::span<double>(all));
-    double s = 0;
-    for (double v : all)
-        s += v;
-    return s;
-}
-
 // Model FLOPs of one step over all ranks (flops.h).
 double step_flops_of(const model::GptShape& s, int64_t global_batch_size) {
     int64_t num_moe_layers = 0;
