@@ -18,6 +18,14 @@
 namespace epo::config {
 namespace {
 
+// A sanitizer build's peak is not the one the estimate is for: ASan's shadow memory, redzones and
+// quarantine (or TSan's shadow) multiply what the allocator holds. The release suite measures.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizedBuild = true;
+#else
+constexpr bool kSanitizedBuild = false;
+#endif
+
 int world_ranks() {
     int size = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -38,6 +46,8 @@ Config tiny_moe(int ranks, std::vector<std::string> overrides) {
 
 // Measured peak of a trainer built and stepped twice, and the estimate, in bytes.
 void expect_estimate_near_peak(const std::vector<std::string>& overrides) {
+    if (kSanitizedBuild)
+        GTEST_SKIP() << "a sanitizer build's peak memory is not a release build's";
     const int ranks = world_ranks();
     const Config cfg = tiny_moe(ranks, overrides);
     const MemoryEstimate estimate = estimate_rank_memory(cfg, ranks);
