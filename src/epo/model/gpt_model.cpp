@@ -389,48 +389,37 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
     }
 }
 
-bool GptModel::is_moe_layer(int l) const {
-    return layer_shapes_[static_cast<size_t>(l)].is_moe;
+// The backward is the forward's list reversed (weight gradients inside each backward call).
+std::vector<schedule::NodeCall> GptModel::straight_calls(int mb, schedule::Phase phase) const {
+    using schedule::NodeKind;
+    std::vector<schedule::NodeCall> calls;
+    const auto add = [&](int layer, NodeKind node) {
+        calls.push_back({.micro_batch = mb, .layer = layer, .node = node, .phase = phase});
+    };
+    add(-1, NodeKind::kEmbedding);
+    for (int l = 0; l < static_cast<int>(shape_.num_layers); ++l) {
+        const bool moe = layer_shapes_[static_cast<size_t>(l)].is_moe;
+        add(l, NodeKind::kPreDispatch);
+        if (moe)
+            add(l, NodeKind::kDispatch);
+        add(l, NodeKind::kMlp);
+        if (moe)
+            add(l, NodeKind::kCombine);
+    }
+    add(-1, NodeKind::kOutput);
+    if (phase == schedule::Phase::kBackward)
+        std::reverse(calls.begin(), calls.end());
+    return calls;
 }
 
 void GptModel::forward(int mb, comm::Communicator& ep, Arena& scratch) {
-    using schedule::NodeKind;
-    using schedule::Phase;
-    const auto call = [&](int layer, NodeKind node, Phase phase) {
-        run(schedule::NodeCall{.micro_batch = mb, .layer = layer, .node = node, .phase = phase}, ep,
-            scratch);
-    };
-    const auto L = static_cast<int>(shape_.num_layers);
-    call(-1, NodeKind::kEmbedding, Phase::kForward);
-    for (int l = 0; l < L; ++l) {
-        call(l, NodeKind::kPreDispatch, Phase::kForward);
-        if (is_moe_layer(l))
-            call(l, NodeKind::kDispatch, Phase::kForward);
-        call(l, NodeKind::kMlp, Phase::kForward);
-        if (is_moe_layer(l))
-            call(l, NodeKind::kCombine, Phase::kForward);
-    }
-    call(-1, NodeKind::kOutput, Phase::kForward);
+    for (const schedule::NodeCall& c : straight_calls(mb, schedule::Phase::kForward))
+        run(c, ep, scratch);
 }
 
 void GptModel::backward(int mb, comm::Communicator& ep, Arena& scratch) {
-    using schedule::NodeKind;
-    using schedule::Phase;
-    const auto call = [&](int layer, NodeKind node, Phase phase) {
-        run(schedule::NodeCall{.micro_batch = mb, .layer = layer, .node = node, .phase = phase}, ep,
-            scratch);
-    };
-    const auto L = static_cast<int>(shape_.num_layers);
-    call(-1, NodeKind::kOutput, Phase::kBackward);
-    for (int l = L - 1; l >= 0; --l) {
-        if (is_moe_layer(l))
-            call(l, NodeKind::kCombine, Phase::kBackward);
-        call(l, NodeKind::kMlp, Phase::kBackward);
-        if (is_moe_layer(l))
-            call(l, NodeKind::kDispatch, Phase::kBackward);
-        call(l, NodeKind::kPreDispatch, Phase::kBackward);
-    }
-    call(-1, NodeKind::kEmbedding, Phase::kBackward);
+    for (const schedule::NodeCall& c : straight_calls(mb, schedule::Phase::kBackward))
+        run(c, ep, scratch);
 }
 
 void GptModel::forward_backward(int mb, comm::Communicator& ep, Arena& scratch) {

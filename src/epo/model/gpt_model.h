@@ -176,7 +176,8 @@ private:
     };
 
     MicroBatch& micro_batch(int mb);
-    bool is_moe_layer(int l) const;
+    // Micro-batch mb's calls of one phase as the straight reference runs them.
+    std::vector<schedule::NodeCall> straight_calls(int mb, schedule::Phase phase) const;
     LayerState& layer_state(MicroBatch& m, int l);                    // acquires on first use
     Tensor handoff(std::vector<HandoffState*>& slots, int position);  // acquires
     void release_handoff(std::vector<HandoffState*>& slots, int position);
