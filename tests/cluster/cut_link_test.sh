@@ -15,6 +15,11 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! ip netns add epocut-p
   echo "SKIP: an emulated cluster needs root, iproute2 and network namespaces"
   exit 77
 fi
+if ! ip netns exec epocut-probe true 2>/dev/null; then  # a chroot: ip netns exec remounts /
+  ip netns del epocut-probe
+  echo "SKIP: processes cannot enter a network namespace here (ip netns exec fails: a chroot?)"
+  exit 77
+fi
 ip netns del epocut-probe
 fail() {
   echo "FAIL: $*"

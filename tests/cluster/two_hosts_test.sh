@@ -13,8 +13,15 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "SKIP: an emulated cluster needs root and iproute2"
   exit 77
 fi
+# Creating a namespace and running in it (a chroot can do the first but not the second: `ip netns
+# exec` remounts /, which is no mount point there).
 if ! ip netns add epotest-probe 2>/dev/null; then
   echo "SKIP: this machine does not allow network namespaces"
+  exit 77
+fi
+if ! ip netns exec epotest-probe true 2>/dev/null; then
+  ip netns del epotest-probe
+  echo "SKIP: processes cannot enter a network namespace here (ip netns exec fails: a chroot?)"
   exit 77
 fi
 ip netns del epotest-probe
