@@ -47,11 +47,11 @@ void run_train(const TrainArgs& args) {
     int status = 0;
     comm::MpiRuntime mpi(nullptr, nullptr);
     try {
-        train::run_training(options, std::cout);
+        const train::TrainRunResult run = train::run_training(options, std::cout);
         if (!args.trace.empty()) {
             bench::Trace trace;
             for (const auto& step : records) {
-                bench::gather_trace(trace, step);  // collective
+                bench::gather_trace(trace, step, run.config.comm.timeout_s);  // collective
             }
             if (mpi.world_rank() == 0) {
                 bench::write_trace(trace, args.trace);

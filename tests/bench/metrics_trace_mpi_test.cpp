@@ -21,6 +21,8 @@
 namespace epo::bench {
 namespace {
 
+constexpr double kTimeoutS = 120;  // comm.timeout_s: the gathers' deadline
+
 config::Config small_config(bool overlap, bool delay) {
     const int world = comm::current_world_size();
     config::ConfigSources sources;
@@ -91,7 +93,7 @@ int micro_batch_of(const std::string& name) {
 std::vector<Slice> traced(const TracedRun& r, const std::string& label) {
     Trace trace;
     for (const auto& step : r.records) {
-        gather_trace(trace, step, label);
+        gather_trace(trace, step, kTimeoutS, label);
     }
     if (comm::current_world_rank() != 0) {
         return {};
@@ -213,8 +215,8 @@ TEST(Trace, SchedulesGatheredOutOfRunOrderEachShowTheirOwnStep) {
     const TracedRun early = run(small_config(false, false), 2);
     const TracedRun late = run(small_config(true, true), 2);
     Trace trace;
-    gather_trace(trace, late.records.back(), "overlap");
-    gather_trace(trace, early.records.back(), "baseline");
+    gather_trace(trace, late.records.back(), kTimeoutS, "overlap");
+    gather_trace(trace, early.records.back(), kTimeoutS, "baseline");
     if (comm::current_world_rank() != 0) {
         return;
     }

@@ -6,6 +6,8 @@
 //                                 inside that all-to-all
 //   EPO_TEST_FAULT=never_arrives  the last rank never enters its 3rd dispatch
 //   EPO_TEST_FAULT=throw_main     the last rank throws on its main thread between steps
+//   EPO_TEST_FAULT=late_world_call  the last rank never enters a plain MPI call on the world
+//                                 (comm::watched_world_call) the others wait in
 //   EPO_TEST_PID_DIR              each rank writes its pid there
 //   EPO_TEST_TIMEOUT_S            comm.timeout_s
 #include <gtest/gtest.h>
@@ -59,6 +61,13 @@ TEST(FaultInjection, Job) {
             streams.synchronize();
             if (faulty && step == 1 && fault == "throw_main") {
                 throw std::runtime_error("injected failure on the main thread");
+            }
+            if (step == 1 && fault == "late_world_call") {
+                if (faulty)
+                    std::this_thread::sleep_for(std::chrono::minutes(10));
+                comm::watched_world_call("agreeing on the test's barrier", options.timeout_s, [] {
+                    comm::check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+                });
             }
         }
     });

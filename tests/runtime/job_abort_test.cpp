@@ -111,5 +111,20 @@ TEST(JobAbort, RankThatNeverArrivesTripsTheDeadlineNamingOpGroupAndPeer) {
     expect_no_rank_left(run, 3);
 }
 
+TEST(JobAbort, PlainWorldCallThatAPeerNeverEntersEndsTheJobAtTheDeadline) {
+    // The start-up agreements and end-of-run gathers are plain MPI calls (no Communicator);
+    // comm::watched_world_call bounds them with the same comm.timeout_s.
+    const FaultRun run = run_fault("late_world_call", 2, 2);
+    const auto& r = run.result;
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_NE(r.exit_status, 0);
+    EXPECT_NE(r.stderr_text.find("epo: rank 0 of 2 failed: agreeing on the test's barrier: the "
+                                 "other ranks did not all arrive within comm.timeout_s = 2 s"),
+              std::string::npos)
+        << r.stderr_text;
+    EXPECT_LT(r.elapsed_s, 40);
+    expect_no_rank_left(run, 2);
+}
+
 }  // namespace
 }  // namespace epo::runtime

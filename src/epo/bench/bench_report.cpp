@@ -247,13 +247,14 @@ std::string format_table(const nlohmann::json& m) {
 void write_bench_outputs(const BenchResult& result, std::ostream& out) {
     std::vector<nlohmann::json> nodes;
     Trace trace;
+    const double timeout_s = result.config.comm.timeout_s;
     for (const ScheduleRun& r : result.runs) {
-        const auto parts = gather_strings_to_root(node_stats_json(r.nodes).dump());
+        const auto parts = gather_strings_to_root(node_stats_json(r.nodes).dump(), timeout_s);
         nodes.push_back(comm::current_world_rank() == 0 ? merge_node_stats(parts, r.measured.size())
                                                         : nlohmann::json::object());
         static const std::vector<runtime::TaskRecord> kNone;
         gather_trace(trace, r.measured_records.empty() ? kNone : r.measured_records.back(),
-                     r.schedule.name);
+                     timeout_s, r.schedule.name);
     }
     if (comm::current_world_rank() != 0) {
         return;

@@ -12,6 +12,7 @@
 #include "epo/bench/trace.h"
 #include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
+#include "epo/comm/rank_runner.h"
 #include "epo/config/memory_estimate.h"
 #include "epo/config/report.h"
 #include "epo/config/yaml_io.h"
@@ -445,8 +446,11 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
             out_problem = e.what();
         }
     }
-    comm::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &out_in_use, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD),
-                    "agreeing on --out");
+    comm::watched_world_call("agreeing on --out", result.config.comm.timeout_s, [&] {
+        comm::check_mpi(
+            MPI_Allreduce(MPI_IN_PLACE, &out_in_use, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD),
+            "agreeing on --out");
+    });
     if (out_in_use) {
         throw Error(ErrorKind::kUsage,
                     out_problem.empty() ? fmt::format("--out {}: not a new or empty directory on "
@@ -458,7 +462,9 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     if (rank == 0) {
         std::filesystem::create_directories(result.run_dir / "logs");
     }
-    comm::check_mpi(MPI_Barrier(MPI_COMM_WORLD), "waiting for the run directory");
+    comm::watched_world_call(
+        "waiting for rank 0 to create the run directory", result.config.comm.timeout_s,
+        [] { comm::check_mpi(MPI_Barrier(MPI_COMM_WORLD), "waiting for the run directory"); });
     Logs logs;
     logs.rank_file.open(result.run_dir / "logs" / fmt::format("rank-{}.log", rank));
     if (!logs.rank_file) {
@@ -571,7 +577,8 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
                 }
             }
             // Collective; after the steps, outside every timing.
-            run.param_checksums.push_back(train::final_param_checksum(trainer));
+            run.param_checksums.push_back(
+                train::final_param_checksum(trainer, run.config.comm.timeout_s));
         }
     }
     for (ScheduleRun& run : result.runs) {

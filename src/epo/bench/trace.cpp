@@ -8,6 +8,7 @@
 
 #include "epo/bench/metrics.h"
 #include "epo/comm/mpi_runtime.h"
+#include "epo/comm/rank_runner.h"
 #include "epo/core/error.h"
 
 namespace epo::bench {
@@ -40,13 +41,16 @@ nlohmann::json metadata(const char* name, int pid, int tid, const std::string& v
 
 }  // namespace
 
-std::vector<std::string> gather_strings_to_root(const std::string& mine) {
+std::vector<std::string> gather_strings_to_root(const std::string& mine, double timeout_s) {
     const int world = comm::current_world_size();
     const int rank = comm::current_world_rank();
     int length = static_cast<int>(mine.size());
     std::vector<int> lengths(static_cast<size_t>(world));
-    comm::check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD),
-                    "gathering trace sizes");
+    comm::watched_world_call("gathering trace sizes", timeout_s, [&] {
+        comm::check_mpi(
+            MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD),
+            "gathering trace sizes");
+    });
     std::vector<int> offsets(static_cast<size_t>(world), 0);
     int total = 0;
     for (int r = 0; r < world; ++r) {
@@ -54,9 +58,11 @@ std::vector<std::string> gather_strings_to_root(const std::string& mine) {
         total += lengths[static_cast<size_t>(r)];
     }
     std::string all(rank == 0 ? static_cast<size_t>(total) : 0, '\0');
-    comm::check_mpi(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                                offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD),
-                    "gathering trace records");
+    comm::watched_world_call("gathering trace records", timeout_s, [&] {
+        comm::check_mpi(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                                    offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD),
+                        "gathering trace records");
+    });
     std::vector<std::string> out;
     if (rank == 0) {
         for (int r = 0; r < world; ++r) {
@@ -67,9 +73,10 @@ std::vector<std::string> gather_strings_to_root(const std::string& mine) {
     return out;
 }
 
-void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records,
+void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records, double timeout_s,
                   const std::string& label) {
-    const std::vector<std::string> parts = gather_strings_to_root(records_to_json(records).dump());
+    const std::vector<std::string> parts =
+        gather_strings_to_root(records_to_json(records).dump(), timeout_s);
     if (comm::current_world_rank() != 0) {
         return;
     }

@@ -31,8 +31,9 @@ struct Trace {
 
 // Collective over MPI_COMM_WORLD: gathers every rank's `records` to rank 0 and appends them to
 // `trace` there as processes "<label> rank R" (just "rank R" when the label is empty). Other
-// ranks' `trace` is left unchanged.
-void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records,
+// ranks' `trace` is left unchanged. A gather that outlives `timeout_s` (comm.timeout_s) ends the
+// job (comm::watched_world_call).
+void gather_trace(Trace& trace, const std::vector<runtime::TaskRecord>& records, double timeout_s,
                   const std::string& label = "");
 
 // The file's JSON (rank 0's trace).
@@ -41,7 +42,8 @@ nlohmann::json trace_json(const Trace& trace);
 // Writes trace_json() to `path`; raises epo::Error (kIo) naming the path if it cannot.
 void write_trace(const Trace& trace, const std::filesystem::path& path);
 
-// Collective: every rank's strings, in rank order, on rank 0 (empty elsewhere).
-std::vector<std::string> gather_strings_to_root(const std::string& mine);
+// Collective: every rank's strings, in rank order, on rank 0 (empty elsewhere); bounded by
+// `timeout_s` as gather_trace.
+std::vector<std::string> gather_strings_to_root(const std::string& mine, double timeout_s);
 
 }  // namespace epo::bench

@@ -1,11 +1,13 @@
 #include "epo/checkpoint/stop_signal.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "epo/comm/rank_runner.h"
@@ -23,6 +25,9 @@ char g_first_message[2][320];   // [SIGTERM, SIGINT]
 char g_second_message[2][320];  // [SIGTERM, SIGINT]
 // After a peer failed (comm/rank_runner.h): the marker it left, and this rank's message then.
 char g_failure_marker[256];
+// A marker last written before this process installed its handlers is another job's (a reused
+// job id), never this job's: its failure would be this job's only if written after the start.
+time_t g_marker_not_before = 0;
 char g_peer_failed_prefix[2][160];  // "epo: rank R of N received SIGTERM: the job is ending ..."
 
 int slot(int signal) {
@@ -47,6 +52,11 @@ int failed_peer() {
     const int fd = ::open(g_failure_marker, O_RDONLY);
     if (fd < 0)
         return -1;
+    struct stat written {};
+    if (::fstat(fd, &written) != 0 || written.st_mtime < g_marker_not_before) {
+        ::close(fd);
+        return -1;
+    }
     char text[16] = {};
     const ssize_t n = ::read(fd, text, sizeof text - 1);
     ::close(fd);
@@ -122,6 +132,10 @@ StopSignals::StopSignals(int rank, int world_size) {
     }
     clear_stop_request();
     const std::string marker = comm::job_failure_marker_path();
+    // Whole seconds, as st_mtime: one second of slack so that a marker written in the second the
+    // job started still counts.
+    g_marker_not_before = std::time(nullptr) - 1;
+    comm::remove_stale_job_failure_markers();
     std::snprintf(g_failure_marker, sizeof g_failure_marker, "%s",
                   marker.size() < sizeof g_failure_marker ? marker.c_str() : "");
     for (int signal : {SIGTERM, SIGINT}) {

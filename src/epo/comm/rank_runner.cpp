@@ -11,6 +11,7 @@
 #include <new>
 #include <thread>
 
+#include "epo/comm/watchdog.h"
 #include "epo/core/error.h"
 
 namespace epo::comm {
@@ -53,6 +54,23 @@ std::string job_failure_marker_path() {
     return "/tmp/epo-job-" + id + ".failed";
 }
 
+int remove_stale_job_failure_markers(std::chrono::seconds max_age, const std::string& directory) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto cutoff = fs::file_time_type::clock::now() - max_age;
+    int removed = 0;
+    for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (!name.starts_with("epo-job-") || !name.ends_with(".failed"))
+            continue;
+        std::error_code file_ec;
+        const auto written = fs::last_write_time(it->path(), file_ec);
+        if (!file_ec && written < cutoff && fs::remove(it->path(), file_ec) && !file_ec)
+            ++removed;
+    }
+    return removed;
+}
+
 void abort_job(const std::string& message, int exit_status) {
     static std::atomic<bool> aborting{false};
     const int rank = current_world_rank();
@@ -90,6 +108,19 @@ void abort_job(const std::exception_ptr& error) {
     } catch (...) {
     }
     abort_job(describe_exception(error), status);
+}
+
+void watched_world_call(const std::string& what, double timeout_s,
+                        const std::function<void()>& call) {
+    // One watchdog thread for every such call of the process, started by the first.
+    static Watchdog watchdog;
+    const auto limit = std::chrono::duration<double>(timeout_s);
+    auto guard = watchdog.watch(
+        fmt::format("{}: the other ranks did not all arrive within comm.timeout_s = {:g} s (a rank "
+                    "stopped, or its host stopped answering); ending the job",
+                    what, timeout_s),
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(limit));
+    call();
 }
 
 int run_rank(const std::function<void()>& body) {

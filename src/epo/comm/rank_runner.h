@@ -8,6 +8,7 @@
 // abort_job() directly.
 #pragma once
 
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <string>
@@ -25,7 +26,17 @@ std::string describe_exception(const std::exception_ptr& error);
 // down after it can say why they received SIGTERM (checkpoint/stop_signal.h): a file under /tmp
 // named by the launcher's job id (PMIx namespace, Open MPI job id, Slurm job and step); "" when
 // the launcher names no job.
+//
+// A marker outlives its job (the ranks that read it are being torn down), so it is bounded two
+// ways: a rank ignores a marker older than its own start (a launcher may reuse a job id after
+// its process ids wrap), and every job's start removes the markers older than a day
+// (remove_stale_job_failure_markers, from StopSignals).
 std::string job_failure_marker_path();
+
+// Removes /tmp/epo-job-*.failed files last written more than `max_age` ago; returns how many.
+// Best effort: a file another job removes first, or one this user may not remove, is skipped.
+int remove_stale_job_failure_markers(std::chrono::seconds max_age = std::chrono::hours(24),
+                                     const std::string& directory = "/tmp");
 
 // Prints "epo: rank R of N failed: <message>" and ends the whole job (MPI_Abort with
 // `exit_status`; without MPI, the process exits with it). The first caller wins: a second
@@ -34,6 +45,14 @@ std::string job_failure_marker_path();
 
 // abort_job() with the exception's description and its exit status (2 usage, 1 otherwise).
 [[noreturn]] void abort_job(const std::exception_ptr& error);
+
+// Runs `call`, a blocking MPI call outside any Communicator (the start-up agreements on the run
+// directory and --out, the end-of-run gathers of traces and checksums), under a deadline: if it
+// has not returned after `timeout_s` (comm.timeout_s), a watchdog ends the job through
+// abort_job() with `what` and the limit named. Such a call cannot fail by itself when a peer
+// stops answering; this is what bounds it, as the Communicator's watchdog bounds its data phases.
+void watched_world_call(const std::string& what, double timeout_s,
+                        const std::function<void()>& call);
 
 // Runs this rank's body; any exception ends the job through abort_job(). Returns 0.
 int run_rank(const std::function<void()>& body);

@@ -25,6 +25,15 @@ AdamConstants adam_constants(const AdamConfig& config, int64_t step, bool decay)
 
 // The element update. This file is compiled with -ffp-contract=off (CMakeLists.txt): every
 // clone below rounds each operation separately, so AVX-512, AVX2 and baseline builds agree.
+// Each loop is compiled for AVX-512, AVX2 and baseline x86-64, the best picked at load time (an
+// ifunc). ThreadSanitizer's runtime crashes resolving ifuncs before it has started, so its
+// builds keep the baseline version only (the same results, by the rounding rule above).
+#if defined(__SANITIZE_THREAD__)
+#define EPO_ADAM_CLONES
+#else
+#define EPO_ADAM_CLONES [[gnu::target_clones("avx512f", "avx2", "default")]]
+#endif
+
 [[gnu::always_inline]] inline void update(const AdamConstants& c, float g, float& m, float& v,
                                           float& w) {
     m = c.b1 * m + (1.0f - c.b1) * g;
@@ -33,28 +42,26 @@ AdamConstants adam_constants(const AdamConfig& config, int64_t step, bool decay)
     w = w * c.decay_factor - c.step_size * (m / denom);
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_loop(const AdamConstants& c,
-                                                                    float* __restrict master,
-                                                                    const float* __restrict grad,
-                                                                    float* __restrict m,
-                                                                    float* __restrict v, size_t n) {
+EPO_ADAM_CLONES void adam_loop(const AdamConstants& c, float* __restrict master,
+                               const float* __restrict grad, float* __restrict m,
+                               float* __restrict v, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         update(c, grad[i], m[i], v[i], master[i]);
     }
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_scaled_zero_loop(
-    const AdamConstants& c, float* __restrict master, float* __restrict grad, float scale,
-    float* __restrict m, float* __restrict v, size_t n) {
+EPO_ADAM_CLONES void adam_scaled_zero_loop(const AdamConstants& c, float* __restrict master,
+                                           float* __restrict grad, float scale, float* __restrict m,
+                                           float* __restrict v, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         update(c, grad[i] * scale, m[i], v[i], master[i]);
         grad[i] = 0.0f;
     }
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void adam_zero_loop(
-    const AdamConstants& c, float* __restrict master, float* __restrict grad, float* __restrict m,
-    float* __restrict v, size_t n) {
+EPO_ADAM_CLONES void adam_zero_loop(const AdamConstants& c, float* __restrict master,
+                                    float* __restrict grad, float* __restrict m,
+                                    float* __restrict v, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         update(c, grad[i], m[i], v[i], master[i]);
         grad[i] = 0.0f;
@@ -63,8 +70,8 @@ AdamConstants adam_constants(const AdamConfig& config, int64_t step, bool decay)
 
 constexpr size_t kLanes = 8;
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void scale_squares_loop(
-    float* __restrict g, size_t n, float factor, bool do_scale, double* __restrict lanes) {
+EPO_ADAM_CLONES void scale_squares_loop(float* __restrict g, size_t n, float factor, bool do_scale,
+                                        double* __restrict lanes) {
     size_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         for (size_t k = 0; k < kLanes; ++k) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "epo/comm/mpi_runtime.h"
+#include "epo/comm/rank_runner.h"
 
 namespace epo::train {
 
@@ -17,7 +18,7 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t hash) {
     return hash;
 }
 
-std::string final_param_checksum(Trainer& trainer, MPI_Comm comm) {
+std::string final_param_checksum(Trainer& trainer, double timeout_s, MPI_Comm comm) {
     trainer.sync_params();
     uint64_t mine = kFnvOffsetBasis;
     for (const Param* p : trainer.model().all_params())
@@ -26,8 +27,10 @@ std::string final_param_checksum(Trainer& trainer, MPI_Comm comm) {
     int size = 1;
     comm::check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
     std::vector<uint64_t> all(static_cast<size_t>(size));
-    comm::check_mpi(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm),
-                    "MPI_Allgather");
+    comm::watched_world_call("gathering the final parameter checksums", timeout_s, [&] {
+        comm::check_mpi(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm),
+                        "MPI_Allgather");
+    });
     return fmt::format("fnv1a64:{:016x}", fnv1a64(all.data(), all.size() * sizeof(uint64_t)));
 }
 

@@ -24,7 +24,9 @@ inline constexpr uint64_t kFnvOffsetBasis = 14695981039346656037ull;
 uint64_t fnv1a64(const void* data, size_t n, uint64_t hash = kFnvOffsetBasis);
 
 // "fnv1a64:" and 16 hex digits, the same on every rank. Collective over `comm` (the trainer's
-// ranks, every rank between steps).
-std::string final_param_checksum(Trainer& trainer, MPI_Comm comm = MPI_COMM_WORLD);
+// ranks, every rank between steps); a gather that outlives `timeout_s` (comm.timeout_s) ends the
+// job (comm::watched_world_call).
+std::string final_param_checksum(Trainer& trainer, double timeout_s,
+                                 MPI_Comm comm = MPI_COMM_WORLD);
 
 }  // namespace epo::train

@@ -12,6 +12,7 @@
 #include "epo/checkpoint/start_checks.h"
 #include "epo/checkpoint/stop_signal.h"
 #include "epo/comm/mpi_runtime.h"
+#include "epo/comm/rank_runner.h"
 #include "epo/config/memory_estimate.h"
 #include "epo/config/validate.h"
 #include "epo/config/yaml_io.h"
@@ -236,11 +237,14 @@ std::filesystem::path agree_on_run_dir(const std::optional<std::filesystem::path
                        .string();
         }
     }
-    int length = static_cast<int>(path.size());
-    comm::check_mpi(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD), "broadcast of the run dir");
-    path.resize(static_cast<size_t>(length));
-    comm::check_mpi(MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD),
-                    "broadcast of the run dir");
+    comm::watched_world_call("broadcast of the run directory", cfg.comm.timeout_s, [&] {
+        int length = static_cast<int>(path.size());
+        comm::check_mpi(MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD),
+                        "broadcast of the run dir");
+        path.resize(static_cast<size_t>(length));
+        comm::check_mpi(MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD),
+                        "broadcast of the run dir");
+    });
     return path;
 }
 
