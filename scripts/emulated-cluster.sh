@@ -12,6 +12,11 @@
 #                                                    the Open MPI settings exported
 #   scripts/emulated-cluster.sh exec H CMD [ARGS...] runs CMD on host H
 #   scripts/emulated-cluster.sh cut H | restore H    takes host H's NIC down / up (a cut link)
+#   scripts/emulated-cluster.sh impair H [rate R] [loss P%] [delay T]
+#                                                    degrades host H's NIC, both directions: a
+#                                                    lower rate, random loss (nftables), a delay
+#                                                    (netem, where the kernel has it); `impair H`
+#                                                    alone puts the link back as `up` made it
 #   scripts/emulated-cluster.sh kill H               kills every process on host H
 #   scripts/emulated-cluster.sh status | down
 #
@@ -57,6 +62,7 @@ up() {
     [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 64)) || die "N = '$n': give 1 to 64 hosts"
     [[ $rate =~ ^[0-9.]+[kmg]?bit$ ]] || die "RATE = '$rate': give a tc rate such as 500mbit or 1gbit"
     [[ -z $delay || $delay =~ ^[0-9.]+(us|ms)$ ]] || die "DELAY = '$delay': give e.g. 1ms or 200us"
+    [[ -z $delay ]] || have_netem || die "DELAY needs the kernel's netem qdisc, which this one lacks (CONFIG_NET_SCH_NETEM); leave DELAY out here"
     [[ ! -f $state/hosts ]] || die "a cluster is already up ($state); run 'down' first"
     mkdir -p "$state"
     ip netns add $switch
@@ -101,6 +107,52 @@ shape() {  # NS DEV RATE DELAY: tbf at RATE (burst for ~1 ms at that rate), nete
         latency 400ms
 }
 
+impair() {  # H [rate R] [loss P%] [delay T]: degrade host H's NIC, both directions
+    local h=${1:?usage: impair H [rate R] [loss P%] [delay T]} ns rate delay loss=""
+    ns=$(host_ns "$h")
+    shift
+    read -r rate delay <"$state/link"
+    [[ $delay != 0 ]] || delay=""
+    while (($# > 0)); do
+        case $1 in
+            rate) rate=${2:?impair: rate needs a value}
+                  [[ $rate =~ ^[0-9.]+[kmg]?bit$ ]] || die "impair: rate '$rate': give e.g. 20mbit" ;;
+            loss) loss=${2:?impair: loss needs a value}
+                  [[ $loss =~ ^([0-9]|[1-9][0-9])%$ ]] || die "impair: loss '$loss': give 0% to 99%" ;;
+            delay) delay=${2:?impair: delay needs a value}
+                   [[ $delay =~ ^[0-9.]+(us|ms)$ ]] || die "impair: delay '$delay': give e.g. 20ms" ;;
+            *) die "impair: '$1': give rate R, loss P% or delay T" ;;
+        esac
+        shift 2
+    done
+    [[ -z $delay ]] || have_netem || die "impair: delay needs the kernel's netem qdisc, which this one lacks (CONFIG_NET_SCH_NETEM); use rate and loss here"
+    [[ -z $loss || $loss == 0% ]] || command -v nft >/dev/null ||
+        die "impair: loss needs nftables (apt-get install nftables, or scripts/setup.sh)"
+    ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+    ip netns exec $switch tc qdisc del dev "p$h" root 2>/dev/null || true
+    shape "$ns" eth0 "$rate" "$delay"
+    shape $switch "p$h" "$rate" "$delay"
+    # Loss: packets dropped at random in the host, on their way out and on their way in.
+    ip netns exec "$ns" nft delete table inet epo_impair 2>/dev/null || true
+    if [[ -n $loss && $loss != 0% ]]; then
+        local p=${loss%\%}
+        ip netns exec "$ns" nft -f - <<RULES
+table inet epo_impair {
+    chain out { type filter hook output priority 0; numgen random mod 100 < $p drop; }
+    chain in { type filter hook input priority 0; numgen random mod 100 < $p drop; }
+}
+RULES
+    fi
+}
+
+have_netem() {  # whether this kernel has the netem qdisc (delay)
+    local probe=$name-netem ok=1
+    ip netns add $probe 2>/dev/null || return 1
+    ip netns exec $probe tc qdisc add dev lo root netem delay 1ms 2>/dev/null && ok=0
+    ip netns del $probe
+    return $ok
+}
+
 run_on() {  # NS CMD...: with the Open MPI settings for the cluster
     local ns=$1
     shift
@@ -135,6 +187,7 @@ case $cmd in
     exec) ns=$(host_ns "${1:?usage: exec H CMD}"); shift; run_on "$ns" "$@" ;;
     cut) ip -n "$(host_ns "${1:?usage: cut H}")" link set eth0 down ;;
     restore) ip -n "$(host_ns "${1:?usage: restore H}")" link set eth0 up ;;
+    impair) impair "$@" ;;
     kill) ip netns pids "$(host_ns "${1:?usage: kill H}")" | xargs -r kill -9 ;;
     status)
         num_hosts >/dev/null
@@ -142,5 +195,5 @@ case $cmd in
         cat "$state/hosts"
         ;;
     down) down ;;
-    *) die "usage: up N RATE [DELAY] | run CMD | exec H CMD | cut H | restore H | kill H | status | down" ;;
+    *) die "usage: up N RATE [DELAY] | run CMD | exec H CMD | cut H | restore H | impair H [rate R] [loss P%] [delay T] | kill H | status | down" ;;
 esac

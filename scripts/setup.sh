@@ -18,6 +18,7 @@ packages=(
   clang-format                        # the formatting check (ctest clang_format)
   python3                             # scripts/sweep_overlap.py (standard library only) and its test
   iproute2                            # scripts/emulated-cluster.sh: hosts as network namespaces
+  nftables                            # scripts/emulated-cluster.sh impair: packet loss
 )
 if [[ "${1:-}" == mpich ]]; then
   packages+=(libmpich-dev mpich)

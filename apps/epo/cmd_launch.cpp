@@ -50,7 +50,10 @@ void add_launch_command(CLI::App& app) {
             return;
         }
         std::fflush(stdout);
-        if (const int status = comm::run_launch_forwarding(argv); status != 0)
+        if (const int status =
+                comm::run_launch_forwarding(argv, comm::kLauncherFailureGraceS,
+                                            comm::rank_hosts(options->hosts, options->num_ranks));
+            status != 0)
             throw CLI::RuntimeError(status);
     });
 }

@@ -114,4 +114,46 @@ TEST(Launch, ForwardingRunReturnsTheStatusAndFiltersStderr) {
 }
 
 }  // namespace
+TEST(Launch, RankHostsFillEachHostsSlotsInOrder) {
+    EXPECT_EQ(rank_hosts("a:2,b:2", 4), (std::vector<std::string>{"a", "a", "b", "b"}));
+    EXPECT_EQ(rank_hosts("10.0.0.1,10.0.0.2", 2),
+              (std::vector<std::string>{"10.0.0.1", "10.0.0.2"}));
+    EXPECT_EQ(rank_hosts("a:3,b:3", 4), (std::vector<std::string>{"a", "a", "a", "b"}));
+    EXPECT_TRUE(rank_hosts("a:1,b:1", 3).empty()) << "oversubscribed: placement unknown";
+    EXPECT_TRUE(rank_hosts("", 2).empty());
+    EXPECT_TRUE(rank_hosts("a:x", 1).empty());
+}
+
+TEST(Launch, SilentFailureNamesTheLostHostAndItsRanks) {
+    const std::string m = silent_failure_message(9, {"h1"}, {"h0", "h0", "h1", "h1"});
+    EXPECT_NE(m.find("status 9 without any rank reporting a failure"), std::string::npos) << m;
+    EXPECT_NE(m.find("lost their connection to host h1 (rank 2, 3)"), std::string::npos) << m;
+    const std::string unknown = silent_failure_message(9, {}, {"h0", "h0", "h1"});
+    EXPECT_NE(unknown.find("may name the host (ranks by host: h0: rank 0, 1; h1: rank 2)"),
+              std::string::npos)
+        << unknown;
+}
+
+TEST(Launch, ForwardingSaysSoWhenTheJobEndsWithoutARanksMessage) {
+    // A launcher that reports a lost peer the way Open MPI does, then fails with no rank message.
+    testing::internal::CaptureStderr();
+    const int status = run_launch_forwarding({"sh", "-c", "echo '  Peer host:  h1' >&2; exit 9"},
+                                             30, {"h0", "h1"});
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(status, 9);
+    EXPECT_NE(err.find("lost their connection to host h1 (rank 1)"), std::string::npos) << err;
+    testing::internal::CaptureStderr();
+    run_launch_forwarding({"sh", "-c",
+                           "echo '  HNP daemon   : [[1,0],0] on node vm' >&2; echo '  Remote "
+                           "daemon: [[1,0],1] on node h1' >&2; exit 205"},
+                          30, {"h0", "h1"});
+    const std::string daemon = testing::internal::GetCapturedStderr();
+    EXPECT_NE(daemon.find("lost their connection to host h1 (rank 1)"), std::string::npos)
+        << daemon;
+    // A rank that said why: nothing added.
+    testing::internal::CaptureStderr();
+    run_launch_forwarding({"sh", "-c", "echo 'epo: rank 1 of 2 failed: x' >&2; exit 1"}, 30, {});
+    EXPECT_EQ(testing::internal::GetCapturedStderr().find("epo launch:"), std::string::npos);
+}
+
 }  // namespace epo::comm

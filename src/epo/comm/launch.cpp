@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -128,14 +130,99 @@ namespace {
 // The child the signal handler passes signals on to. Process-wide by nature (a signal is); set
 // once before the handlers are installed.
 volatile sig_atomic_t g_launch_child = 0;
+volatile sig_atomic_t g_forwarded = 0;  // a signal was passed on: the job's end is the user's
 
 void forward_signal(int signal) {
+    g_forwarded = 1;
     if (g_launch_child > 0)
         kill(static_cast<pid_t>(g_launch_child), signal);
 }
+
+// The host Open MPI names when it loses one: "  Peer host:  10.77.0.2" in its "peer process has
+// unexpectedly disconnected" message, "  Remote daemon: [[61534,0],1] on node 10.77.0.2" in its
+// "lost communication with a remote daemon" one.
+std::optional<std::string> lost_peer_host(std::string_view line) {
+    std::string_view host;
+    if (const size_t at = line.find("Peer host:"); at != std::string_view::npos) {
+        host = line.substr(at + std::string_view("Peer host:").size());
+    } else if (line.find("Remote daemon:") != std::string_view::npos) {
+        const size_t on = line.find(" on node ");
+        if (on == std::string_view::npos)
+            return std::nullopt;
+        host = line.substr(on + std::string_view(" on node ").size());
+    } else {
+        return std::nullopt;
+    }
+    while (!host.empty() && std::isspace(static_cast<unsigned char>(host.front())))
+        host.remove_prefix(1);
+    while (!host.empty() && std::isspace(static_cast<unsigned char>(host.back())))
+        host.remove_suffix(1);
+    if (host.empty())
+        return std::nullopt;
+    return std::string(host);
+}
 }  // namespace
 
-int run_launch_forwarding(const std::vector<std::string>& argv, double failure_grace_s) {
+std::vector<std::string> rank_hosts(const std::string& hosts, int num_ranks) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start < hosts.size() && static_cast<int>(out.size()) < num_ranks) {
+        const size_t comma = std::min(hosts.find(',', start), hosts.size());
+        const std::string entry = hosts.substr(start, comma - start);
+        start = comma + 1;
+        const size_t colon = entry.rfind(':');
+        int slots = 1;
+        if (colon != std::string::npos) {
+            const std::string count = entry.substr(colon + 1);
+            if (count.empty() || !std::all_of(count.begin(), count.end(), ::isdigit))
+                return {};
+            slots = std::stoi(count);
+        }
+        const std::string host = entry.substr(0, colon);
+        for (int i = 0; i < slots && static_cast<int>(out.size()) < num_ranks; ++i)
+            out.push_back(host);
+    }
+    if (static_cast<int>(out.size()) < num_ranks)
+        return {};
+    return out;
+}
+
+std::string silent_failure_message(int status, const std::vector<std::string>& lost_hosts,
+                                   const std::vector<std::string>& rank_hosts) {
+    std::string message = fmt::format(
+        "epo launch: the job ended with status {} without any rank reporting a failure: the "
+        "launcher itself failed (its message is above), or a rank or a host's daemon died without "
+        "a word (killed, out of memory, or its host went down or was cut off)",
+        status);
+    for (const std::string& host : lost_hosts) {
+        std::string ranks;
+        for (size_t r = 0; r < rank_hosts.size(); ++r) {
+            if (rank_hosts[r] == host)
+                ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
+        }
+        message += fmt::format("; the ranks lost their connection to host {}{}", host,
+                               ranks.empty() ? "" : fmt::format(" (rank {})", ranks));
+    }
+    if (lost_hosts.empty()) {
+        // Open MPI does not always say which host it lost ("ORTE was unable to reliably start
+        // one or more daemons" is all it prints when a host's daemon dies first): give the
+        // placement, so that the host a user knows went down names its ranks.
+        message += "; the launcher's messages above may name the host";
+        std::string placement;
+        for (size_t r = 0; r < rank_hosts.size(); ++r) {
+            const bool first_on_host = r == 0 || rank_hosts[r] != rank_hosts[r - 1];
+            placement += first_on_host ? fmt::format("{}{}: rank {}", placement.empty() ? "" : "; ",
+                                                     rank_hosts[r], r)
+                                       : fmt::format(", {}", r);
+        }
+        if (!placement.empty())
+            message += fmt::format(" (ranks by host: {})", placement);
+    }
+    return message + "\n";
+}
+
+int run_launch_forwarding(const std::vector<std::string>& argv, double failure_grace_s,
+                          const std::vector<std::string>& rank_hosts) {
     EPO_CHECK(!argv.empty(), "empty launch command");
     int err_pipe[2];
     if (pipe2(err_pipe, O_CLOEXEC) != 0)
@@ -156,6 +243,7 @@ int run_launch_forwarding(const std::vector<std::string>& argv, double failure_g
     }
     close(err_pipe[1]);
     g_launch_child = pid;
+    g_forwarded = 0;
     struct sigaction action {};
     action.sa_handler = forward_signal;
     sigemptyset(&action.sa_mask);
@@ -170,6 +258,7 @@ int run_launch_forwarding(const std::vector<std::string>& argv, double failure_g
     char buf[4096];
     using Clock = std::chrono::steady_clock;
     std::optional<Clock::time_point> failed_at, terminated_at;
+    std::vector<std::string> lost_hosts;  // from the launcher's "Peer host:" lines
     int status = 0;
     bool exited = false;
     // Reads what the pipe holds within `wait_ms`; false at its end (every writer gone).
@@ -189,6 +278,9 @@ int run_launch_forwarding(const std::vector<std::string>& argv, double failure_g
             if (!failed_at && line.find("epo: rank ") != std::string_view::npos &&
                 line.find(" failed: ") != std::string_view::npos)
                 failed_at = Clock::now();
+            if (auto host = lost_peer_host(line);
+                host && std::find(lost_hosts.begin(), lost_hosts.end(), *host) == lost_hosts.end())
+                lost_hosts.push_back(*host);
             if (!is_launcher_noise(line)) {
                 (void)!write(STDERR_FILENO, line.data(), line.size());
                 (void)!write(STDERR_FILENO, "\n", 1);
@@ -235,7 +327,12 @@ int run_launch_forwarding(const std::vector<std::string>& argv, double failure_g
     for (int i = 0; i < 3; ++i)
         sigaction(kForwarded[i], &previous[i], nullptr);
     g_launch_child = 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0 && code != 127 && !failed_at && !g_forwarded) {  // 127: exec failed, said
+        const std::string message = silent_failure_message(code, lost_hosts, rank_hosts);
+        (void)!write(STDERR_FILENO, message.data(), message.size());
+    }
+    return code;
 }
 
 LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s) {

@@ -55,9 +55,26 @@ LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s);
 // gets `failure_grace_s` to end the job; one still running then is stopped (SIGTERM, SIGKILL
 // 5 s later) with a message: after an MPI_Abort, Open MPI's mpirun can wait for good on the
 // daemon of a host that stopped answering. Raises epo::Error if it cannot be started.
+//
+// A job can also end without any rank saying why: a rank killed (SIGKILL, the out-of-memory
+// killer), or a whole host gone (its processes killed, powered off). Then the launcher's status is
+// non-zero and no "epo: rank R of N failed" line came; this prints one line saying so, with the
+// hosts Open MPI reported it lost its connection to ("Peer host: H") and, when `rank_hosts` (the
+// host of each rank, rank_hosts()) is given, the ranks that were on them.
 inline constexpr double kLauncherFailureGraceS = 30;
 int run_launch_forwarding(const std::vector<std::string>& argv,
-                          double failure_grace_s = kLauncherFailureGraceS);
+                          double failure_grace_s = kLauncherFailureGraceS,
+                          const std::vector<std::string>& rank_hosts = {});
+
+// The host of each of `num_ranks` ranks for a `--hosts` list ("a:2,b:2"; a host without ":n" has
+// one slot), as Open MPI and MPICH place ranks by default: each host's slots filled in order.
+// Empty when it cannot be known: no hosts given, or fewer slots than ranks (oversubscribed).
+std::vector<std::string> rank_hosts(const std::string& hosts, int num_ranks);
+
+// The line run_launch_forwarding prints for a job that ended with `status` and no rank's message:
+// which hosts were lost (`lost_hosts`, from the launcher's output) and the ranks on them.
+std::string silent_failure_message(int status, const std::vector<std::string>& lost_hosts,
+                                   const std::vector<std::string>& rank_hosts);
 
 // Lines of the launcher's own diagnostics that mean nothing to a user and drown the rank's
 // message: Open MPI's "[host:pid] [[job,0],0] ORTE_ERROR_LOG: ... in file ... at line N" (printed

@@ -1,0 +1,78 @@
+# Shared by the emulated-cluster tests (sourced): the skip probe, failure reporting and the
+# checks every fault test makes. Before sourcing, set EPO_CLUSTER_NAME (the test's own cluster),
+# root (the project) and epo (the binary).
+cluster="$root/scripts/emulated-cluster.sh"
+name=$EPO_CLUSTER_NAME
+
+# Exits 77 (ctest: skipped), saying why, where an emulated cluster cannot run: no root, no
+# iproute2, no network namespaces, or namespaces that processes cannot enter (a chroot can create
+# one but not exec into it: `ip netns exec` remounts /, which is no mount point there).
+skip_unless_namespaces() {
+  if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+    echo "SKIP: an emulated cluster needs root and iproute2"
+    exit 77
+  fi
+  if ! ip netns add "$name-probe" 2>/dev/null; then
+    echo "SKIP: this machine does not allow network namespaces"
+    exit 77
+  fi
+  if ! ip netns exec "$name-probe" true 2>/dev/null; then
+    ip netns del "$name-probe"
+    echo "SKIP: processes cannot enter a network namespace here (ip netns exec fails: a chroot?)"
+    exit 77
+  fi
+  ip netns del "$name-probe"
+}
+
+# A fresh cluster of `$1` hosts at rate `$2`, removed with the test's temporary folder on exit.
+start_cluster() {
+  "$cluster" down >/dev/null 2>&1
+  out=$(mktemp -d)
+  trap '"$cluster" down >/dev/null 2>&1; rm -rf "$out"' EXIT
+  "$cluster" up "$1" "$2" >/dev/null || fail "could not build the cluster"
+  num_hosts=$1
+}
+
+fail() {
+  echo "FAIL: $*"
+  [[ -f ${out:-}/run.txt ]] && cat "$out/run.txt"
+  for ((h = 0; h < ${num_hosts:-0}; ++h)); do
+    for p in $(ip netns pids "$name-h$h" 2>/dev/null); do
+      echo "left on host $h: $(tr "\0" " " <"/proc/$p/cmdline" 2>/dev/null | cut -c1-120)"
+    done
+  done
+  exit 1
+}
+
+# Waits (at most $2 s) until the file $1 matches the pattern $3.
+wait_for() {
+  local file=$1 limit=$2 pattern=$3
+  for ((i = 0; i < limit * 10; ++i)); do
+    grep -q -- "$pattern" "$file" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# epo processes still running on the emulated hosts.
+ranks_left() {
+  for ((h = 0; h < num_hosts; ++h)); do
+    for p in $(ip netns pids "$name-h$h" 2>/dev/null); do
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "^$epo " && echo "$p"
+    done
+  done | wc -l
+}
+
+# Fails unless every epo process on the hosts is gone within 30 s.
+expect_no_rank_left() {
+  local left=0
+  for ((i = 0; i < 300; ++i)); do
+    left=$(ranks_left)
+    ((left == 0)) && return 0
+    sleep 0.1
+  done
+  fail "$left rank(s) stayed behind on the emulated hosts"
+}
+
+# The lines that must be identical between two runs of the same training.
+losses() { grep -o "lm loss: .*grad norm: [^|]*" "$1"; }
