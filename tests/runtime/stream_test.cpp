@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <future>
 #include <thread>
 
@@ -237,20 +238,26 @@ TEST(Stream, RecordsNameStreamAndTimes) {
 }
 
 TEST(Stream, RecordsTheCpuTimeOfItsThread) {
-    // A task that computes uses CPU time for its whole duration (up to preemption on a loaded
-    // machine); one that sleeps uses almost none.
+    // A task that computes until its thread has used 20 ms of CPU (however long a loaded
+    // machine makes that take) is recorded with at least those 20 ms and no more than its wall
+    // time; one that sleeps uses almost none.
+    const auto thread_cpu_ns = [] {
+        timespec ts{};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+    };
     Stream a("comm");
-    a.enqueue("spin", [](StreamContext&) {
-        const auto end = std::chrono::steady_clock::now() + 30ms;
+    a.enqueue("spin", [&](StreamContext&) {
+        const int64_t end = thread_cpu_ns() + 20'000'000;
         volatile uint64_t x = 0;
-        while (std::chrono::steady_clock::now() < end)
+        while (thread_cpu_ns() < end)
             x = x + 1;
     });
     a.enqueue("sleep", [](StreamContext&) { std::this_thread::sleep_for(30ms); });
     a.synchronize();
     const auto r = a.take_records();
     ASSERT_EQ(r.size(), 2u);
-    EXPECT_GT(r[0].cpu_ns, 5'000'000) << "spinning for 30 ms";
+    EXPECT_GE(r[0].cpu_ns, 20'000'000) << "spinning for 20 ms of CPU";
     EXPECT_LE(r[0].cpu_ns, r[0].end_ns - r[0].start_ns + 1'000'000);
     EXPECT_LT(r[1].cpu_ns, 5'000'000) << "sleeping for 30 ms";
 }

@@ -37,10 +37,13 @@ std::string format_duration(double s) {
                        : fmt::format("{}s", total);
 }
 
-double max_over_ranks(double v) {
+// Collective; bounded by comm.timeout_s (`timeout_s`) as every wait on the other ranks.
+double max_over_ranks(double v, double timeout_s) {
     double out = v;
-    comm::check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
-                    "reducing a benchmark metric");
+    comm::watched_world_call("reducing a benchmark metric", timeout_s, [&] {
+        comm::check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+                        "reducing a benchmark metric");
+    });
     return out;
 }
 
@@ -147,13 +150,14 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm:
     }
     LinkCalibration c;
     c.target_ratio = ratio;
-    c.compute_s = max_over_ranks(summarize(compute).median);
-    c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median);
-    c.alltoall_bytes = max_over_ranks(summarize(a2a_bytes).median);
-    c.grad_reduce_bytes = max_over_ranks(summarize(reduce_bytes).median);
-    c.param_gather_bytes = max_over_ranks(summarize(gather_bytes).median);
-    c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median);
-    c.num_collectives = static_cast<int64_t>(max_over_ranks(summarize(collectives).median));
+    c.compute_s = max_over_ranks(summarize(compute).median, cfg.comm.timeout_s);
+    c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median, cfg.comm.timeout_s);
+    c.alltoall_bytes = max_over_ranks(summarize(a2a_bytes).median, cfg.comm.timeout_s);
+    c.grad_reduce_bytes = max_over_ranks(summarize(reduce_bytes).median, cfg.comm.timeout_s);
+    c.param_gather_bytes = max_over_ranks(summarize(gather_bytes).median, cfg.comm.timeout_s);
+    c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median, cfg.comm.timeout_s);
+    c.num_collectives =
+        static_cast<int64_t>(max_over_ranks(summarize(collectives).median, cfg.comm.timeout_s));
     c.inter_node = inter;
     const config::Config user = finalized_or_throw(sources_for(options, &base, {}), job, "run");
     c.latency_us = user.comm.link.latency_us.value_or(0.0);
@@ -252,7 +256,8 @@ void derive(BenchResult& result) {
         }
         if (base && &r != base && r.schedule.overlap && !r.durations.empty()) {
             r.critical_path_bound_s =
-                max_over_ranks(critical_path_bound_s(r.calls, base->durations, r.durations));
+                max_over_ranks(critical_path_bound_s(r.calls, base->durations, r.durations),
+                               result.config.comm.timeout_s);
             r.overlap_efficiency = overlap_efficiency(
                 base->step_time_s.median, r.step_time_s.median, *r.critical_path_bound_s);
         }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "epo/comm/mpi_runtime.h"
+#include "epo/comm/rank_runner.h"
 #include "epo/config/config.h"
 #include "epo/core/error.h"
 #include "epo/schedule/critical_path.h"
@@ -82,7 +83,8 @@ bool reset_peak_rss() {
 StepWork step_work(const config::Config& cfg, const train::Trainer& trainer) {
     return StepWork{.tokens = static_cast<double>(config::global_batch_size(cfg)) *
                               static_cast<double>(cfg.model.seq_length),
-                    .flops = trainer.step_flops()};
+                    .flops = trainer.step_flops(),
+                    .timeout_s = cfg.comm.timeout_s};
 }
 
 StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result) {
@@ -97,9 +99,11 @@ StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& r
                                   result.comm_cpu_s};
     const int world = comm::current_world_size();
     std::vector<double> all(static_cast<size_t>(world * kFields));
-    comm::check_mpi(
-        MPI_Allgather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, MPI_COMM_WORLD),
-        "gathering the step metrics");
+    comm::watched_world_call("gathering the step metrics", work.timeout_s, [&] {
+        comm::check_mpi(MPI_Allgather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE,
+                                      MPI_COMM_WORLD),
+                        "gathering the step metrics");
+    });
 
     StepMetrics m;
     m.step = result.step;

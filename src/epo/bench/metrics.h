@@ -69,12 +69,14 @@ struct StepMetrics {
 
 // The work of one optimizer step over all ranks.
 struct StepWork {
-    double tokens = 0;  // global_batch_size * seq_length
-    double flops = 0;   // model FLOPs (Trainer::step_flops)
+    double tokens = 0;       // global_batch_size * seq_length
+    double flops = 0;        // model FLOPs (Trainer::step_flops)
+    double timeout_s = 300;  // comm.timeout_s: the bound on gathering the step's metrics
 };
 StepWork step_work(const config::Config& cfg, const train::Trainer& trainer);
 
-// Collective over MPI_COMM_WORLD: every rank passes its own step; all get the same result.
+// Collective over MPI_COMM_WORLD: every rank passes its own step; all get the same result. A
+// gather that outlives work.timeout_s ends the job (comm::watched_world_call).
 StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result);
 
 // "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "mb7.bucket0.grad_reduce" ->

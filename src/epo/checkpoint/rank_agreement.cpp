@@ -20,7 +20,9 @@ comm::Communicator make_control_communicator(const comm::ParallelLayout& layout,
         members.nodes.push_back(comm::node_of(layout, r));
     }
     MPI_Comm dup = MPI_COMM_NULL;
-    comm::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup for the control channel");
+    comm::watched_world_call("creating the run-control communicator", timeout_s, [&] {
+        comm::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup for the control channel");
+    });
     comm::CommOptions options;
     options.timeout_s = timeout_s;
     return comm::Communicator(dup, "world (run control)", std::move(members), options,
