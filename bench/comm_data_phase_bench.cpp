@@ -55,8 +55,8 @@ void pin_to_cpu(int cpu) {
 
 // A 2-rank all-to-all of `per_peer` bytes to the other rank (and as many to itself), either way.
 struct Exchange {
-    explicit Exchange(int64_t per_peer)
-        : groups(epo::comm::ProcessGroups::create({2, 2, 1}, {}, "bench", nullptr)),
+    explicit Exchange(int64_t per_peer, const epo::comm::CommOptions& options = {})
+        : groups(epo::comm::ProcessGroups::create({2, 2, 1}, options, "bench", nullptr)),
           layout(epo::comm::AllToAllLayout::packed({per_peer, per_peer}, {per_peer, per_peer})),
           send(2 * per_peer, static_cast<char>(epo::comm::current_world_rank() + 1)),
           recv(2 * per_peer),
@@ -136,6 +136,42 @@ BENCHMARK(BM_DataPhaseCpu)
     ->Arg(32)
     ->Arg(64)
     ->Iterations(6)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The trade-off behind DataWaitPolicy: the longest sleep between tests (sleep_fraction 1, so the
+// cap alone decides) against the rate and the CPU per MB. Too long a sleep lets the socket
+// buffers drain and the link idle; too short tests more often than bytes arrive.
+void BM_DataSleepSweep(benchmark::State& state) {
+    if (!two_ranks(state))
+        return;
+    epo::comm::CommOptions options;
+    options.data_wait.sleep_fraction = 1;
+    options.data_wait.max_sleep_us = static_cast<double>(state.range(0));
+    const int64_t per_peer = state.range(1) << 20;
+    Exchange ex(per_peer, options);
+    ex.run(false);
+    std::vector<double> cpu, wall, tests;
+    for (auto _ : state) {
+        MPI_Barrier(ex.raw);
+        const double c0 = thread_cpu_s();
+        const auto t0 = Clock::now();
+        const int64_t tests0 = ex.groups->ep.stats().data_tests;
+        ex.run(false);
+        wall.push_back(epo::comm::seconds_between(t0, Clock::now()));
+        cpu.push_back(thread_cpu_s() - c0);
+        tests.push_back(static_cast<double>(ex.groups->ep.stats().data_tests - tests0));
+        state.SetIterationTime(wall.back());
+    }
+    const double mb = static_cast<double>(per_peer) / (1 << 20);
+    state.counters["cpu_ms_per_MB"] = median(cpu) * 1e3 / mb;
+    state.counters["GBps"] = per_peer / median(wall) * 1e-9;
+    state.counters["tests"] = median(tests);
+}
+BENCHMARK(BM_DataSleepSweep)
+    ->ArgNames({"max_sleep_us", "mb"})
+    ->ArgsProduct({{100, 500, 2000, 8000, 32000}, {8}})
+    ->Iterations(5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
