@@ -230,12 +230,13 @@ void BM_ComputeDuringTransfer(benchmark::State& state) {
             sleepy_barrier(ex.raw);
             double secs = 0;
             if (me == 0) {
-                const double during =
-                    gemm_rate([&] {
+                const double during = gemm_rate(
+                    [&] {
                         const auto t0 = Clock::now();
                         ex.run(blocking);
                         secs = epo::comm::seconds_between(t0, Clock::now());
-                    }, 0);
+                    },
+                    0);
                 const double alone = gemm_rate({}, secs);
                 ratio[blocking].push_back(during / alone);
                 wall[blocking].push_back(secs);
@@ -254,7 +255,8 @@ void BM_ComputeDuringTransfer(benchmark::State& state) {
         for (int b = 0; b < 2; ++b) {
             state.counters[std::string(names[b]) + "_gemm_ratio"] = median(ratio[b]);
             auto& r = ratio[b];
-            state.counters[std::string(names[b]) + "_ratio_min"] = *std::min_element(r.begin(), r.end());
+            state.counters[std::string(names[b]) + "_ratio_min"] =
+                *std::min_element(r.begin(), r.end());
             state.counters[std::string(names[b]) + "_ms"] = median(wall[b]) * 1e3;
         }
     }

@@ -13,11 +13,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
-#include <csignal>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -148,8 +148,8 @@ TEST(DataPhase, ReductionsAreTheRankOrderedSumsOfTheBlockingGatherBitForBit) {
         for (auto& v : x)
             v = u(rng);
         std::vector<float> all(len * n);
-        MPI_Allgather(x.data(), static_cast<int>(len), MPI_FLOAT, all.data(),
-                      static_cast<int>(len), MPI_FLOAT, ref);
+        MPI_Allgather(x.data(), static_cast<int>(len), MPI_FLOAT, all.data(), static_cast<int>(len),
+                      MPI_FLOAT, ref);
         std::vector<float> want(all.begin(), all.begin() + len);
         for (int r = 1; r < n; ++r) {
             for (size_t i = 0; i < len; ++i)
@@ -281,9 +281,10 @@ TEST(DataPhase, ComputeOnTheSameCoreKeepsItsSpeedWhileBytesAreInFlight) {
         shares.push_back(compute_cpu / (compute_cpu + wait_cpu));
         transfer_s.push_back(secs);
         if (std::getenv("EPO_TEST_VERBOSE")) {
-            std::printf("transfer %.3f s: compute %.1f ms of CPU (%.3g loops/s), waiting thread "
-                        "%.1f ms\n",
-                        secs, compute_cpu * 1e3, (progress.load() - p0) / secs, wait_cpu * 1e3);
+            std::printf(
+                "transfer %.3f s: compute %.1f ms of CPU (%.3g loops/s), waiting thread "
+                "%.1f ms\n",
+                secs, compute_cpu * 1e3, (progress.load() - p0) / secs, wait_cpu * 1e3);
         }
     }
     groups->world.barrier();
@@ -293,15 +294,84 @@ TEST(DataPhase, ComputeOnTheSameCoreKeepsItsSpeedWhileBytesAreInFlight) {
     std::sort(transfer_s.begin(), transfer_s.end());
     const double share = shares[shares.size() / 2];
     const double secs = transfer_s[transfer_s.size() / 2];
-    std::printf("compute thread's share of the core during the transfer: median %.3f (min %.3f, "
-                "max %.3f); transfer %.0f ms\n",
-                share, shares.front(), shares.back(), secs * 1e3);
+    std::printf(
+        "compute thread's share of the core during the transfer: median %.3f (min %.3f, "
+        "max %.3f); transfer %.0f ms\n",
+        share, shares.front(), shares.back(), secs * 1e3);
     if (secs < 0.05) {
         GTEST_SKIP() << "the slow peer took its bytes in " << secs * 1e3
                      << " ms: too fast to tell what waiting costs on this machine";
     }
     EXPECT_GE(share, 0.9) << "the thread waiting for bytes in flight took the compute thread's "
                              "core (median of 5)";
+}
+
+std::string message_of(const std::function<void()>& f) {  // "no error" if f does not throw
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+// Rank 1 enters an all-to-all and waits for rank 0; rank 0 stops rank 1 (SIGSTOP: its arrival
+// message has gone, its bytes have not) and enters. Rank 0's data phase can then move nothing:
+// at the deadline it fails naming the operation and rank 1, on both sides of the exchange. Rank
+// 0 then resumes rank 1 and takes its bytes off the queue with a plain receive, so rank 1's
+// operation completes (or, if that comes after rank 1's own deadline, fails naming rank 0).
+TEST(DataPhase, PeerStoppedMidTransferTimesOutNamingIt) {
+    char host[MPI_MAX_PROCESSOR_NAME] = {}, other[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    if (world_size() != 2)
+        GTEST_SKIP() << "needs two ranks";
+    MPI_Sendrecv(host, sizeof host, MPI_CHAR, 1 - world_rank(), 7, other, sizeof other, MPI_CHAR,
+                 1 - world_rank(), 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (std::strcmp(host, other) != 0)
+        GTEST_SKIP() << "needs both ranks on one host (rank 0 stops rank 1 with a signal)";
+    const int me = world_rank();
+    int pids[2] = {0, 0};
+    const int pid = getpid();
+    MPI_Allgather(&pid, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+    auto groups = make_groups(0.5);
+    const int64_t per_peer = 1 << 20;  // over the eager limits: the receiver must take the bytes
+    const auto layout = AllToAllLayout::packed({per_peer, per_peer}, {per_peer, per_peer});
+    std::vector<char> send(2 * per_peer, static_cast<char>(me)), recv(2 * per_peer);
+    auto exchange = [&] { groups->ep.all_to_all_v(send.data(), recv.data(), layout, 1); };
+    std::string m;
+    if (me == 1) {
+        m = message_of(exchange);
+        EXPECT_TRUE(m == "no error" ||
+                    m.find("world rank(s) 0 had not taken all of this rank's") != std::string::npos)
+            << m;
+    } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 waits for us
+        ASSERT_EQ(0, kill(pids[1], SIGSTOP));
+        const auto t0 = Clock::now();
+        m = message_of(exchange);
+        const double waited_s = seconds_between(t0, Clock::now());
+        kill(pids[1], SIGCONT);
+        EXPECT_GE(waited_s, 0.5);
+        EXPECT_LT(waited_s, 5.0) << "the wait outlived its deadline";
+        EXPECT_NE(m.find("all_to_all #0 on group ep (stream test)"), std::string::npos) << m;
+        EXPECT_NE(m.find("did not finish within 0.5 s (comm.timeout_s): bytes from world rank(s) "
+                         "1 had not all arrived, and world rank(s) 1 had not taken all"),
+                  std::string::npos)
+            << m;
+        // Rank 1's bytes, sent after it resumed, have no receive any more (the timeout withdrew
+        // it): take them off the queue so nothing stale outlives the test.
+        std::vector<char> stale(per_peer);
+        MPI_Recv(stale.data(), static_cast<int>(per_peer), MPI_BYTE, 1, MPI_ANY_TAG,
+                 groups->ep.handle(), MPI_STATUS_IGNORE);
+    }
+    if (me == 0) {
+        EXPECT_NE(m.find("every rank arrived but the data exchange did not finish"),
+                  std::string::npos)
+            << m;
+    }
+    // The buffers stay alive until both ranks are past MPI's transfers of them.
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

@@ -103,8 +103,8 @@ void validate_comm_options(const CommOptions& options) {
 
 SleepSchedule data_sleep_schedule(const WaitPolicy& arrival, const DataWaitPolicy& data,
                                   double expected_s) {
-    const double cap = std::clamp(expected_s * 1e6 * data.sleep_fraction, arrival.min_sleep_us,
-                                  data.max_sleep_us);
+    const double cap =
+        std::clamp(expected_s * 1e6 * data.sleep_fraction, arrival.min_sleep_us, data.max_sleep_us);
     return SleepSchedule{arrival.spin_us, arrival.min_sleep_us, cap};
 }
 
@@ -341,13 +341,12 @@ void Communicator::add_send(int peer, const void* data, int64_t count, MPI_Datat
     if (peer == rank_ || count == 0)
         return;
     // MPI's send buffers are const in MPI-3; the cast only fits the one Transfer record.
-    transfers_.push_back(Transfer{peer, const_cast<void*>(data), static_cast<int>(count), type,
-                                  false});
+    transfers_.push_back(
+        Transfer{peer, const_cast<void*>(data), static_cast<int>(count), type, false});
     transfer_sent_ += bytes;
 }
 
-void Communicator::add_recv(int peer, void* data, int64_t count, MPI_Datatype type,
-                            int64_t bytes) {
+void Communicator::add_recv(int peer, void* data, int64_t count, MPI_Datatype type, int64_t bytes) {
     if (peer == rank_ || count == 0)
         return;
     transfers_.push_back(Transfer{peer, data, static_cast<int>(count), type, true});
@@ -373,13 +372,13 @@ void Communicator::move_data(const Op& op, OpStats& stats) {
             const Transfer& t = transfers_[i];
             is_receive_[i] = t.receive ? 1 : 0;
             if (t.receive && pass == 0) {
-                check_mpi(MPI_Irecv(t.data, t.count, t.type, t.peer, kDataTag, comm_,
-                                    &requests_[i]),
-                          "MPI_Irecv", name_);
+                check_mpi(
+                    MPI_Irecv(t.data, t.count, t.type, t.peer, kDataTag, comm_, &requests_[i]),
+                    "MPI_Irecv", name_);
             } else if (!t.receive && pass == 1) {
-                check_mpi(MPI_Isend(t.data, t.count, t.type, t.peer, kDataTag, comm_,
-                                    &requests_[i]),
-                          "MPI_Isend", name_);
+                check_mpi(
+                    MPI_Isend(t.data, t.count, t.type, t.peer, kDataTag, comm_, &requests_[i]),
+                    "MPI_Isend", name_);
             }
         }
     }

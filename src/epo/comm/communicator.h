@@ -216,8 +216,7 @@ private:
     OpStats shard_sum(OpKind kind, std::span<float> data, bool gather);
     // Data phases (no arrival, no accounting).
     void sum_my_shard(const Op& op, std::span<float> data, OpStats& stats);
-    void gather_shards(const Op& op, void* data, int64_t total, size_t elem_bytes,
-                       OpStats& stats);
+    void gather_shards(const Op& op, void* data, int64_t total, size_t elem_bytes, OpStats& stats);
     std::string describe(const Op& op) const;
     void check_extent(int64_t needed, int64_t available, const char* buffer) const;
     [[noreturn]] void fail(const std::string& message);
