@@ -52,14 +52,15 @@ struct WaitPolicy {
 };
 
 // How a rank waits for the bytes of phase 2. A blocking MPI call busy-polls for the whole transfer:
-// over a 500 Mbit/s TCP link that was 6.3-13 ms of CPU per MB moved (40-50% of a core), and a GEMM
-// on the same core ran at 0.44x. The loop instead tests like phase 1 (spin_us, then sleeps from
-// min_sleep_us doubling) but lets the sleeps grow to sleep_fraction of the transfer's expected
-// time (bytes / the rate this communicator observed so far), at most max_sleep_us: a transfer
-// expected to take T is tested ~log2 + 1/sleep_fraction times, and a longer sleep would let the
-// TCP socket buffers drain and stall the link (docs/runtime.md "Data phase" has the sweep behind
-// these numbers). Same-host peers ring the doorbell when they have posted their sends or taken
-// this rank's bytes, so shared-memory transfers are not slowed by the sleeps.
+// over a 500 Mbit/s TCP link that was 6-13 ms of CPU per MB moved (40-60% of a core), and a GEMM on
+// the same core ran at 0.44x. The loop instead tests like phase 1 (spin_us, then sleeps from
+// min_sleep_us doubling) but lets the sleeps grow to sleep_fraction of the transfer's expected time
+// (bytes / the rate this communicator observed so far), at most max_sleep_us: a transfer expected
+// to take T is tested about log2(cap / min_sleep_us) + 1 / sleep_fraction times (T / max_sleep_us
+// times once the cap binds), and a longer sleep would let the TCP socket buffers drain and stall
+// the link (docs/runtime.md "Data phase" has the sweep behind these numbers). Same-host peers ring
+// the doorbell when they have posted their sends or taken this rank's bytes, so shared-memory
+// transfers are not slowed by the sleeps.
 struct DataWaitPolicy {
     double sleep_fraction = 0.125;
     double max_sleep_us = 2000;
