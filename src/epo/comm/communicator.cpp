@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 
 #include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
@@ -26,6 +27,9 @@ namespace {
 // point-to-point traffic can share it, and messages between two ranks on one tag never overtake
 // each other: the n-th arrival message from a peer belongs to its n-th operation.
 constexpr int kArrivalTag = 0x45504f;  // "EPO"
+// Tag of the phase-2 transfers: one message per peer and direction per operation, so the same
+// ordering rule matches the n-th data message from a peer with this rank's n-th receive from it.
+constexpr int kDataTag = kArrivalTag + 1;
 
 const char* op_name(uint32_t kind) {
     switch (kind) {
@@ -87,6 +91,21 @@ void validate_comm_options(const CommOptions& options) {
                                 "spin >= 0 and 0 < min_sleep <= max_sleep",
                                 w.spin_us, w.min_sleep_us, w.max_sleep_us));
     }
+    const auto& d = options.data_wait;
+    if (!(d.sleep_fraction > 0 && d.sleep_fraction <= 1 && d.max_sleep_us >= w.min_sleep_us &&
+          d.max_sleep_us <= 1e6)) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("data wait policy sleep_fraction={} max_sleep_us={}: need 0 < "
+                                "sleep_fraction <= 1 and min_sleep_us ({}) <= max_sleep_us <= 1e6",
+                                d.sleep_fraction, d.max_sleep_us, w.min_sleep_us));
+    }
+}
+
+SleepSchedule data_sleep_schedule(const WaitPolicy& arrival, const DataWaitPolicy& data,
+                                  double expected_s) {
+    const double cap =
+        std::clamp(expected_s * 1e6 * data.sleep_fraction, arrival.min_sleep_us, data.max_sleep_us);
+    return SleepSchedule{arrival.spin_us, arrival.min_sleep_us, cap};
 }
 
 // ---- AllToAllLayout ----
@@ -135,6 +154,8 @@ int64_t AllToAllLayout::recv_extent() const {
 void CommStats::add(const OpStats& op) {
     ++num_ops;
     bytes += op.bytes;
+    data_s += op.data_s;
+    data_tests += op.data_tests;
     duration_s += op.duration_s;
     arrival_wait_s += op.arrival_wait_s;
     link_hold_s += op.link_hold_s;
@@ -171,7 +192,8 @@ Communicator::Communicator(Communicator&& o) noexcept
       next_seq_(o.next_seq_),
       broken_(std::move(o.broken_)),
       stats_(o.stats_),
-      item_types_(std::move(o.item_types_)) {
+      item_types_(std::move(o.item_types_)),
+      rate_(o.rate_) {
     o.comm_ = MPI_COMM_NULL;
     o.item_types_.clear();
 }
@@ -232,43 +254,6 @@ Communicator::Op Communicator::begin(OpKind kind) {
     return Op{kind, next_seq_++, entry};
 }
 
-bool Communicator::poll(std::span<MPI_Request> requests, std::vector<char>& done,
-                        Clock::time_point deadline) {
-    const WaitPolicy& w = options_.wait;
-    const auto spin = std::chrono::nanoseconds(std::llround(w.spin_us * 1e3));
-    auto spin_end = Clock::now() + spin;
-    double sleep_us = w.min_sleep_us;
-    poll_indices_.resize(requests.size());
-    for (;;) {
-        // Read the bell before testing: a ring after this read makes the sleep below return.
-        const uint32_t seen = bells_->count();
-        int completed = 0;
-        check_mpi(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &completed,
-                               poll_indices_.data(), MPI_STATUSES_IGNORE),
-                  "MPI_Testsome", name_);
-        if (completed == MPI_UNDEFINED)
-            return true;  // every request is done
-        for (int i = 0; i < completed; ++i)
-            done[poll_indices_[i]] = 1;
-        if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }))
-            return true;
-        const auto now = Clock::now();
-        if (now >= deadline)
-            return false;
-        if (now < spin_end)
-            continue;
-        const auto wake = now + std::chrono::nanoseconds(std::llround(sleep_us * 1e3));
-        if (bells_->sleep_until(seen, std::min(deadline, wake))) {
-            // A peer arrived: test again now, and keep testing briefly in case its message
-            // becomes visible to MPI a moment after the ring.
-            spin_end = Clock::now() + spin;
-            sleep_us = w.min_sleep_us;
-        } else {
-            sleep_us = std::min(sleep_us * 2, w.max_sleep_us);
-        }
-    }
-}
-
 Clock::time_point Communicator::arrive(const Op& op, std::span<const int64_t> size_to,
                                        std::span<const int64_t> expected_from, int64_t aux) {
     const int n = size_;
@@ -302,23 +287,20 @@ Clock::time_point Communicator::arrive(const Op& op, std::span<const int64_t> si
     }
     const auto deadline =
         op.entry + std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9));
-    if (!poll(requests_, done_, deadline)) {
+    const WaitPolicy& w = options_.wait;
+    ProgressCount count;
+    if (!progress_requests(requests_, done_, *bells_,
+                           SleepSchedule{w.spin_us, w.min_sleep_us, w.max_sleep_us}, deadline, {},
+                           name_, poll_indices_, count)) {
         std::vector<int> missing;
         for (int p = 0; p < n; ++p) {
             if (!done_[p])
                 missing.push_back(members_.world_ranks[p]);
         }
         // Withdraw what is still pending: the communicator is unusable from here on.
-        for (int i = 0; i < 2 * n; ++i) {
-            if (requests_[i] == MPI_REQUEST_NULL)
-                continue;
-            if (i < n) {
-                MPI_Cancel(&requests_[i]);
-                MPI_Wait(&requests_[i], MPI_STATUS_IGNORE);
-            } else {
-                MPI_Request_free(&requests_[i]);
-            }
-        }
+        is_receive_.assign(2 * static_cast<size_t>(n), 0);
+        std::fill(is_receive_.begin(), is_receive_.begin() + n, 1);
+        withdraw_requests(requests_, is_receive_);
         fail(
             fmt::format("{} timed out after {} s (comm.timeout_s) waiting for world rank(s) {} "
                         "to arrive; a rank that never arrives has stopped, is stuck, or issued "
@@ -354,18 +336,107 @@ Clock::time_point Communicator::arrive(const Op& op, std::span<const int64_t> si
     return from_ns(last_entry);
 }
 
-Watchdog::Guard Communicator::watch_data_phase(const Op& op) {
-    return watchdog_->watch(
+void Communicator::add_send(int peer, const void* data, int64_t count, MPI_Datatype type,
+                            int64_t bytes) {
+    if (peer == rank_ || count == 0)
+        return;
+    // MPI's send buffers are const in MPI-3; the cast only fits the one Transfer record.
+    transfers_.push_back(
+        Transfer{peer, const_cast<void*>(data), static_cast<int>(count), type, false});
+    transfer_sent_ += bytes;
+}
+
+void Communicator::add_recv(int peer, void* data, int64_t count, MPI_Datatype type, int64_t bytes) {
+    if (peer == rank_ || count == 0)
+        return;
+    transfers_.push_back(Transfer{peer, data, static_cast<int>(count), type, true});
+    transfer_recv_ += bytes;
+}
+
+// Phase 2. Receives are posted before sends, so a peer's message never arrives unexpected at a
+// rank that has posted its receives. After posting, each destination on this host is rung (it
+// may sleep in its own phase 1 or 2 and can now take the bytes); after each completed receive
+// the sender is rung (its send may be complete now). The deadline is comm.timeout_s from the
+// start of this phase, as the watchdog's was; the watchdog stays as a backstop, a second later,
+// for an MPI call that never returns.
+void Communicator::move_data(const Op& op, OpStats& stats) {
+    const size_t num = transfers_.size();
+    if (num == 0)
+        return;  // one rank, or nothing to move
+    requests_.assign(num, MPI_REQUEST_NULL);
+    done_.assign(num, 0);
+    is_receive_.resize(num);
+    const auto start = Clock::now();
+    for (int pass = 0; pass < 2; ++pass) {
+        for (size_t i = 0; i < num; ++i) {
+            const Transfer& t = transfers_[i];
+            is_receive_[i] = t.receive ? 1 : 0;
+            if (t.receive && pass == 0) {
+                check_mpi(
+                    MPI_Irecv(t.data, t.count, t.type, t.peer, kDataTag, comm_, &requests_[i]),
+                    "MPI_Irecv", name_);
+            } else if (!t.receive && pass == 1) {
+                check_mpi(
+                    MPI_Isend(t.data, t.count, t.type, t.peer, kDataTag, comm_, &requests_[i]),
+                    "MPI_Isend", name_);
+            }
+        }
+    }
+    for (const Transfer& t : transfers_) {
+        if (!t.receive)
+            bells_->ring(t.peer);
+    }
+    const int64_t busiest = std::max(transfer_sent_, transfer_recv_);
+    const SleepSchedule schedule =
+        data_sleep_schedule(options_.wait, options_.data_wait, rate_.expected_s(busiest));
+    const auto timeout = std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9));
+    const auto deadline = start + timeout;
+    auto guard = watchdog_->watch(
         fmt::format("watchdog: {}: every rank arrived but the data exchange did not finish within "
-                    "{} s (comm.timeout_s); a peer died or stalls inside MPI",
+                    "{} s (comm.timeout_s) and an MPI call has not returned since; a peer died or "
+                    "MPI itself is stuck",
                     describe(op), options_.timeout_s),
-        Clock::now() + std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9)));
+        deadline + std::chrono::seconds(1));
+    ProgressCount count;
+    const bool ok = progress_requests(
+        requests_, done_, *bells_, schedule, deadline,
+        [this](int i) {
+            if (transfers_[i].receive)
+                bells_->ring(transfers_[i].peer);
+        },
+        name_, poll_indices_, count);
+    const double seconds = seconds_between(start, Clock::now());
+    if (!ok) {
+        std::vector<int> not_delivered, not_taken;
+        for (size_t i = 0; i < num; ++i) {
+            if (done_[i])
+                continue;
+            const int world = members_.world_ranks[transfers_[i].peer];
+            (transfers_[i].receive ? not_delivered : not_taken).push_back(world);
+        }
+        withdraw_requests(requests_, is_receive_);
+        auto list = [](const std::vector<int>& ranks) {
+            return ranks.empty() ? std::string("none") : rank_list(ranks);
+        };
+        fail(fmt::format(
+            "{}: every rank arrived but the data exchange did not finish within {} s "
+            "(comm.timeout_s): bytes from world rank(s) {} had not all arrived, and world "
+            "rank(s) {} had not taken all of this rank's; a peer died, stalls, or its link "
+            "stopped moving (raise comm.timeout_s if the link is only slow)",
+            describe(op), options_.timeout_s, list(not_delivered), list(not_taken)));
+    }
+    rate_.observe(busiest, seconds);
+    stats.data_s += seconds;
+    stats.data_tests += count.num_tests;
+    transfers_.clear();
+    transfer_sent_ = 0;
+    transfer_recv_ = 0;
 }
 
 // Phase 3, the link model's hold (link_limits.h): never past the operation's deadline (entry +
 // comm.timeout_s), cut short by a stop request.
-OpStats Communicator::finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes) {
-    OpStats s;
+OpStats Communicator::finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes,
+                             OpStats s) {
     s.bytes = bytes;
     s.arrival_wait_s = std::max(0.0, seconds_between(op.entry, last_entry));
     if (options_.link.enabled() && size_ > 1) {
@@ -421,31 +492,37 @@ OpStats Communicator::all_to_all_v(const void* send, void* recv, const AllToAllL
                         describe(op), layout.send_counts.size(), layout.send_offsets.size(),
                         layout.recv_counts.size(), layout.recv_offsets.size(), n));
     }
-    int_send_counts_.resize(n);
-    int_send_offsets_.resize(n);
-    int_recv_counts_.resize(n);
-    int_recv_offsets_.resize(n);
     for (size_t p = 0; p < n; ++p) {
-        int_send_counts_[p] = to_int(layout.send_counts[p], fmt::format("send_counts[{}]", p));
-        int_send_offsets_[p] = to_int(layout.send_offsets[p], fmt::format("send_offsets[{}]", p));
-        int_recv_counts_[p] = to_int(layout.recv_counts[p], fmt::format("recv_counts[{}]", p));
-        int_recv_offsets_[p] = to_int(layout.recv_offsets[p], fmt::format("recv_offsets[{}]", p));
+        to_int(layout.send_counts[p], fmt::format("send_counts[{}]", p));
+        to_int(layout.send_offsets[p], fmt::format("send_offsets[{}]", p));
+        to_int(layout.recv_counts[p], fmt::format("recv_counts[{}]", p));
+        to_int(layout.recv_offsets[p], fmt::format("recv_offsets[{}]", p));
     }
     const Clock::time_point last_entry =
         arrive(op, layout.send_counts, layout.recv_counts, static_cast<int64_t>(elem_bytes));
-    {
-        auto guard = watch_data_phase(op);
-        const MPI_Datatype type = item_type(elem_bytes);
-        check_mpi(MPI_Alltoallv(send, int_send_counts_.data(), int_send_offsets_.data(), type, recv,
-                                int_recv_counts_.data(), int_recv_offsets_.data(), type, comm_),
-                  "MPI_Alltoallv", name_);
-    }
-    ByteCounts bytes;
+    const MPI_Datatype type = item_type(elem_bytes);
     const auto eb = static_cast<int64_t>(elem_bytes);
+    const auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    for (int p = 0; p < size_; ++p) {
+        add_recv(p, out + layout.recv_offsets[p] * eb, layout.recv_counts[p], type,
+                 layout.recv_counts[p] * eb);
+        add_send(p, in + layout.send_offsets[p] * eb, layout.send_counts[p], type,
+                 layout.send_counts[p] * eb);
+    }
+    // This rank's own rows while the others are in flight (the arrival phase checked that the
+    // counts agree).
+    if (layout.send_counts[rank_] > 0) {
+        std::memcpy(out + layout.recv_offsets[rank_] * eb, in + layout.send_offsets[rank_] * eb,
+                    static_cast<size_t>(layout.send_counts[rank_] * eb));
+    }
+    OpStats s;
+    move_data(op, s);
+    ByteCounts bytes;
     for (int p = 0; p < size_; ++p) {
         add_peer_bytes(bytes, p, layout.send_counts[p] * eb, layout.recv_counts[p] * eb);
     }
-    return finish(op, last_entry, bytes);
+    return finish(op, last_entry, bytes, s);
 }
 
 OpStats Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
@@ -454,64 +531,68 @@ OpStats Communicator::all_gather(const void* send, void* recv, size_t bytes_per_
     const int count = to_int(b, "all_gather bytes per rank");
     sizes_a_.assign(size_, b);
     const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, 0);
-    {
-        auto guard = watch_data_phase(op);
-        check_mpi(MPI_Allgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_),
-                  "MPI_Allgather", name_);
+    auto* out = static_cast<char*>(recv);
+    for (int p = 0; p < size_; ++p) {
+        add_recv(p, out + p * b, count, MPI_BYTE, b);
+        add_send(p, send, count, MPI_BYTE, b);
     }
+    if (b > 0)
+        std::memmove(out + rank_ * b, send, static_cast<size_t>(b));
+    OpStats s;
+    move_data(op, s);
     ByteCounts bytes;
     for (int p = 0; p < size_; ++p)
         add_peer_bytes(bytes, p, b, b);
-    return finish(op, last_entry, bytes);
+    return finish(op, last_entry, bytes, s);
 }
 
 ShardRange shard_of(int64_t total, int group_size, int group_rank) {
     return ShardRange{group_rank * total / group_size, (group_rank + 1) * total / group_size};
 }
 
-void Communicator::sum_my_shard(std::span<float> data) {
+// Rank r receives every rank's part of shard r into row r of the scratch, in group-rank order:
+// (n, mine) for this rank.
+void Communicator::sum_my_shard(const Op& op, std::span<float> data, OpStats& stats) {
     const int n = size_;
     const auto total = static_cast<int64_t>(data.size());
     const ShardRange mine = shard_of(total, n, rank_);
-    const int mine_count = static_cast<int>(mine.size());
-    int_send_counts_.resize(n);
-    int_send_offsets_.resize(n);
-    int_recv_counts_.assign(n, mine_count);
-    int_recv_offsets_.resize(n);
+    const int64_t mine_count = mine.size();
+    reduce_scratch_.resize(static_cast<size_t>(n * mine_count));  // (n, mine): my shard of each
+    constexpr int64_t kFloat = sizeof(float);
     for (int r = 0; r < n; ++r) {
         const ShardRange theirs = shard_of(total, n, r);
-        int_send_counts_[r] = static_cast<int>(theirs.size());
-        int_send_offsets_[r] = static_cast<int>(theirs.begin);
-        int_recv_offsets_[r] = r * mine_count;
+        add_recv(r, reduce_scratch_.data() + r * mine_count, mine_count, MPI_FLOAT,
+                 mine_count * kFloat);
+        add_send(r, data.data() + theirs.begin, theirs.size(), MPI_FLOAT, theirs.size() * kFloat);
     }
-    reduce_scratch_.resize(static_cast<size_t>(n) * mine_count);  // (n, mine): my shard of each
-    check_mpi(MPI_Alltoallv(data.data(), int_send_counts_.data(), int_send_offsets_.data(),
-                            MPI_FLOAT, reduce_scratch_.data(), int_recv_counts_.data(),
-                            int_recv_offsets_.data(), MPI_FLOAT, comm_),
-              "MPI_Alltoallv (reduce-scatter)", name_);
+    std::copy(data.begin() + mine.begin, data.begin() + mine.end,
+              reduce_scratch_.begin() + rank_ * mine_count);
+    move_data(op, stats);
     // Sum in group-rank order: the order, and so the rounding, never depends on timing.
     float* out = data.data() + mine.begin;
-    for (int i = 0; i < mine_count; ++i)
+    for (int64_t i = 0; i < mine_count; ++i)
         out[i] = reduce_scratch_[i];
     for (int r = 1; r < n; ++r) {
-        const float* in = reduce_scratch_.data() + static_cast<size_t>(r) * mine_count;
-        for (int i = 0; i < mine_count; ++i)
+        const float* in = reduce_scratch_.data() + r * mine_count;
+        for (int64_t i = 0; i < mine_count; ++i)
             out[i] += in[i];
     }
 }
 
-void Communicator::gather_shards(void* data, int64_t total, size_t elem_bytes) {
+// In place: this rank's shard to every peer, every peer's shard into its place.
+void Communicator::gather_shards(const Op& op, void* data, int64_t total, size_t elem_bytes,
+                                 OpStats& stats) {
     const int n = size_;
-    int_send_counts_.resize(n);
-    int_send_offsets_.resize(n);
+    const MPI_Datatype type = item_type(elem_bytes);
+    const auto eb = static_cast<int64_t>(elem_bytes);
+    auto* bytes = static_cast<char*>(data);
+    const ShardRange mine = shard_of(total, n, rank_);
     for (int r = 0; r < n; ++r) {
         const ShardRange theirs = shard_of(total, n, r);
-        int_send_counts_[r] = static_cast<int>(theirs.size());
-        int_send_offsets_[r] = static_cast<int>(theirs.begin);
+        add_recv(r, bytes + theirs.begin * eb, theirs.size(), type, theirs.size() * eb);
+        add_send(r, bytes + mine.begin * eb, mine.size(), type, mine.size() * eb);
     }
-    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, int_send_counts_.data(),
-                             int_send_offsets_.data(), item_type(elem_bytes), comm_),
-              "MPI_Allgatherv (shards)", name_);
+    move_data(op, stats);
 }
 
 // Bytes of a reduce-scatter (scatter = true) or a shard all-gather of `total` items: each rank
@@ -535,17 +616,15 @@ OpStats Communicator::shard_sum(OpKind kind, std::span<float> data, bool gather)
     to_int(total, fmt::format("{} element count", op_name(static_cast<uint32_t>(kind))));
     sizes_a_.assign(size_, total);
     const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, 0);
-    {
-        auto guard = watch_data_phase(op);
-        sum_my_shard(data);
-        if (gather)
-            gather_shards(data.data(), total, sizeof(float));
-    }
+    OpStats s;
+    sum_my_shard(op, data, s);
+    if (gather)
+        gather_shards(op, data.data(), total, sizeof(float), s);
     ByteCounts bytes;
     add_shard_bytes(bytes, total, sizeof(float), true);
     if (gather)
         add_shard_bytes(bytes, total, sizeof(float), false);
-    return finish(op, last_entry, bytes);
+    return finish(op, last_entry, bytes, s);
 }
 
 OpStats Communicator::all_reduce_sum(std::span<float> data) {
@@ -562,13 +641,11 @@ OpStats Communicator::all_gather_shards(void* data, int64_t total, size_t elem_b
     sizes_a_.assign(size_, total);
     const Clock::time_point last_entry =
         arrive(op, sizes_a_, sizes_a_, static_cast<int64_t>(elem_bytes));
-    {
-        auto guard = watch_data_phase(op);
-        gather_shards(data, total, elem_bytes);
-    }
+    OpStats s;
+    gather_shards(op, data, total, elem_bytes, s);
     ByteCounts bytes;
     add_shard_bytes(bytes, total, static_cast<int64_t>(elem_bytes), false);
-    return finish(op, last_entry, bytes);
+    return finish(op, last_entry, bytes, s);
 }
 
 OpStats Communicator::broadcast(void* data, size_t bytes_total, int root) {
@@ -581,10 +658,16 @@ OpStats Communicator::broadcast(void* data, size_t bytes_total, int root) {
     const int count = to_int(b, "broadcast bytes");
     sizes_a_.assign(size_, b);
     const Clock::time_point last_entry = arrive(op, sizes_a_, sizes_a_, root);
-    {
-        auto guard = watch_data_phase(op);
-        check_mpi(MPI_Bcast(data, count, MPI_BYTE, root, comm_), "MPI_Bcast", name_);
+    // Straight from the root to every rank: broadcasts here are small agreements (checkpoint
+    // names), where a tree would only add latency.
+    for (int p = 0; p < size_; ++p) {
+        if (rank_ == root)
+            add_send(p, data, count, MPI_BYTE, b);
+        else if (p == root)
+            add_recv(p, data, count, MPI_BYTE, b);
     }
+    OpStats s;
+    move_data(op, s);
     ByteCounts bytes;
     for (int p = 0; p < size_; ++p) {
         if (rank_ == root)
@@ -592,7 +675,7 @@ OpStats Communicator::broadcast(void* data, size_t bytes_total, int root) {
         else if (p == root)
             add_peer_bytes(bytes, p, 0, b);
     }
-    return finish(op, last_entry, bytes);
+    return finish(op, last_entry, bytes, s);
 }
 
 OpStats Communicator::barrier() {

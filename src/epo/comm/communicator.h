@@ -9,8 +9,12 @@
 //      (CommOptions::timeout_s) and, past it, the error names the peers that had not arrived. It
 //      also catches collectives issued in a different order or with mismatched sizes, which
 //      would otherwise hang or corrupt data.
-//   2. data: the MPI collective itself (blocking: every peer is known to be inside the same
-//      operation, so it only moves bytes). The watchdog ends the job if it outlives the deadline.
+//   2. data: non-blocking point-to-point transfers to and from each peer (every peer is known to
+//      be inside the same operation, so they only move bytes), waited for by the progress loop
+//      (progress_loop.h): tests with sleeps in between sized to the transfer's expected time
+//      (DataWaitPolicy), so the bytes in flight cost the compute thread's core almost nothing.
+//      Past its deadline (comm.timeout_s) the error names the peers whose bytes were still in
+//      flight; the watchdog backs that up should an MPI call itself never return.
 //   3. link model: hold until last_entry + modelled time (link_model.h), sleeping.
 // Collectives of one Communicator must be issued in the same order on every rank; a Communicator
 // is used by one thread at a time (the stream that owns it).
@@ -29,6 +33,7 @@
 
 #include "epo/comm/doorbell.h"
 #include "epo/comm/link_model.h"
+#include "epo/comm/progress_loop.h"
 #include "epo/comm/watchdog.h"
 
 namespace epo::comm {
@@ -46,10 +51,30 @@ struct WaitPolicy {
     double max_sleep_us = 1000;
 };
 
+// How a rank waits for the bytes of phase 2. A blocking MPI call busy-polls for the whole transfer:
+// over a 500 Mbit/s TCP link that was 6-13 ms of CPU per MB moved (40-60% of a core), and a GEMM on
+// the same core ran at 0.44x. The loop instead tests like phase 1 (spin_us, then sleeps from
+// min_sleep_us doubling) but lets the sleeps grow to sleep_fraction of the transfer's expected time
+// (bytes / the rate this communicator observed so far), at most max_sleep_us: a transfer expected
+// to take T is tested about log2(cap / min_sleep_us) + 1 / sleep_fraction times (T / max_sleep_us
+// times once the cap binds), and a longer sleep would let the TCP socket buffers drain and stall
+// the link (docs/runtime.md "Data phase" has the sweep behind these numbers). Same-host peers ring
+// the doorbell when they have posted their sends or taken this rank's bytes, so shared-memory
+// transfers are not slowed by the sleeps.
+struct DataWaitPolicy {
+    double sleep_fraction = 0.125;
+    double max_sleep_us = 2000;
+};
+
+// The phase-2 sleep schedule for a transfer expected to take `expected_s`.
+SleepSchedule data_sleep_schedule(const WaitPolicy& arrival, const DataWaitPolicy& data,
+                                  double expected_s);
+
 struct CommOptions {
     double timeout_s = 300;  // comm.timeout_s: longest wait on peers before the job ends
     LinkModel link;          // comm.link.*
     WaitPolicy wait;
+    DataWaitPolicy data_wait;
 };
 
 // Raises epo::Error naming the field (comm.timeout_s, comm.link.*) for invalid values.
@@ -87,6 +112,8 @@ struct OpStats {
     double arrival_wait_s = 0;  // entry until every peer had arrived (as seen by this rank)
     double link_hold_s = 0;     // slept to honour the link model
     double modelled_s = 0;      // the link model's duration from the last entry (0: model off)
+    double data_s = 0;          // in phase 2, moving bytes
+    int64_t data_tests = 0;     // MPI tests in phase 2 (each a pass of MPI's progress engine)
 };
 
 struct CommStats {
@@ -95,6 +122,8 @@ struct CommStats {
     double duration_s = 0;
     double arrival_wait_s = 0;
     double link_hold_s = 0;
+    double data_s = 0;
+    int64_t data_tests = 0;
 
     void add(const OpStats& op);
 };
@@ -125,6 +154,8 @@ public:
     MPI_Comm handle() const { return comm_; }
     // Totals over every operation so far (read it from the owning thread, or after a sync).
     const CommStats& stats() const { return stats_; }
+    // The data-phase rate observed so far (sizes the phase-2 sleeps).
+    const TransferRate& transfer_rate() const { return rate_; }
 
     // Variable all-to-all (send and recv must not overlap).
     OpStats all_to_all_v(const void* send, void* recv, const AllToAllLayout& layout,
@@ -174,14 +205,19 @@ private:
     // hear from p; aux: a value every rank must agree on (item size, root). Returns last entry.
     Clock::time_point arrive(const Op& op, std::span<const int64_t> size_to,
                              std::span<const int64_t> expected_from, int64_t aux);
-    bool poll(std::span<MPI_Request> requests, std::vector<char>& done, Clock::time_point deadline);
-    Watchdog::Guard watch_data_phase(const Op& op);
-    OpStats finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes);
+    // Phase 2: queue the transfers of one exchange (counts in items of `type`, `bytes` in all;
+    // nothing for a zero count or for this rank itself), then move them all.
+    void add_send(int peer, const void* data, int64_t count, MPI_Datatype type, int64_t bytes);
+    void add_recv(int peer, void* data, int64_t count, MPI_Datatype type, int64_t bytes);
+    void move_data(const Op& op, OpStats& stats);
+    OpStats finish(const Op& op, Clock::time_point last_entry, const ByteCounts& bytes,
+                   OpStats s = {});
     void add_peer_bytes(ByteCounts& bytes, int peer, int64_t sent, int64_t recv) const;
     void add_shard_bytes(ByteCounts& bytes, int64_t total, int64_t item_bytes, bool scatter) const;
     OpStats shard_sum(OpKind kind, std::span<float> data, bool gather);
-    void sum_my_shard(std::span<float> data);  // data phases (no arrival, no accounting)
-    void gather_shards(void* data, int64_t total, size_t elem_bytes);
+    // Data phases (no arrival, no accounting).
+    void sum_my_shard(const Op& op, std::span<float> data, OpStats& stats);
+    void gather_shards(const Op& op, void* data, int64_t total, size_t elem_bytes, OpStats& stats);
     std::string describe(const Op& op) const;
     void check_extent(int64_t needed, int64_t available, const char* buffer) const;
     [[noreturn]] void fail(const std::string& message);
@@ -204,7 +240,17 @@ private:
     std::vector<MPI_Request> requests_;
     std::vector<char> done_;
     std::vector<int> poll_indices_;
-    std::vector<int> int_send_counts_, int_send_offsets_, int_recv_counts_, int_recv_offsets_;
+    struct Transfer {
+        int peer;
+        void* data;
+        int count;
+        MPI_Datatype type;
+        bool receive;
+    };
+    std::vector<Transfer> transfers_;
+    std::vector<char> is_receive_;
+    int64_t transfer_sent_ = 0, transfer_recv_ = 0;  // bytes queued in transfers_
+    TransferRate rate_;
     std::vector<int64_t> sizes_a_;
     std::vector<float> reduce_scratch_;
 };
