@@ -116,18 +116,16 @@ TEST_P(FlexOverlap, BitIdenticalToBaselineAndCloseToAlltoall) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Trainer, FlexOverlap,
-                         ::testing::Values(FlexCase{"deepep", false, 0},
-                                           FlexCase{"hybridep", false, 0},
-                                           FlexCase{"deepep", true, 2},
-                                           FlexCase{"hybridep", false, 2}),
-                         [](const ::testing::TestParamInfo<FlexCase>& info) {
-                             return std::string(info.param.backend) +
-                                    (info.param.capacity ? "_capacity" : "_dropless") + "_" +
-                                    (info.param.per_node ? std::to_string(info.param.per_node)
-                                                         : std::string("world")) +
-                                    "_per_node";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Trainer, FlexOverlap,
+    ::testing::Values(FlexCase{"deepep", false, 0}, FlexCase{"hybridep", false, 0},
+                      FlexCase{"deepep", true, 2}, FlexCase{"hybridep", false, 2}),
+    [](const ::testing::TestParamInfo<FlexCase>& info) {
+        return std::string(info.param.backend) + (info.param.capacity ? "_capacity" : "_dropless") +
+               "_" +
+               (info.param.per_node ? std::to_string(info.param.per_node) : std::string("world")) +
+               "_per_node";
+    });
 
 }  // namespace
 }  // namespace epo::train

@@ -115,7 +115,7 @@ GptModel::GptModel(const GptShape& shape)
     if (std::find(shape.moe_layers.begin(), shape.moe_layers.end(), true) !=
         shape.moe_layers.end()) {
         dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank,
-                                                  shape.ep_ranks_per_node);
+                                                 shape.ep_ranks_per_node);
     }
 }
 
