@@ -50,7 +50,11 @@ TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
         {{"--model", "no-such-model"}, 2, "unknown recipe 'no-such-model'"},
         {with({"--no_such_flag"}), 2, "no_such_flag"},
         {with({"-ep", "2", "--comm_compute_ratio", "-1"}), 2, "--comm_compute_ratio -1"},
-        {with({"-ep", "2", "--moe_flex_dispatcher_backend", "deepep"}), 1, "RT017"},
+        // Flex over nodes of 3 cannot tile an EP group of 2 (RT026, naming the field).
+        {{"--model", "tiny-moe", "--num_nodes", "2", "--gpus_per_node", "3", "-ep", "2",
+          "--moe_flex_dispatcher_backend", "deepep"},
+         1,
+         "comm.gpus_per_node"},
         // 3 ranks cannot hold expert parallel 2.
         {{"--model", "tiny-moe", "--num_nodes", "3", "--gpus_per_node", "1", "-ep", "2"},
          1,

@@ -66,3 +66,15 @@ epo_train_cli_test(train_survivor_says_peer_failed 1
                    "rank 1 of 2 failed: .*injected failure \\(EPO_INJECT_FAILURE\\) in mb1.layer1.dispatch.forward of step 2: the node's own work failed"
                    NP 2 ENV EPO_INJECT_FAILURE=1:2:mb1.layer1.dispatch.forward
                    RUN ${_tiny_train} --moe_a2a_overlap true)
+
+# The flex dispatcher (docs/flex.md): a 2-node run with EP overlap logs the dispatcher type and
+# backend in its finalized config and finishes; nodes of 3 cannot tile an EP group of 2, refused
+# before any rank works (RT026) naming the field.
+epo_train_cli_test(train_flex_two_nodes 0 "moe_token_dispatcher_type: flex"
+                   "moe_flex_dispatcher_backend: deepep"
+                   " iteration +4/ +4 \\| consumed samples: +32 \\|.*lm loss: [0-9.E+-]+ \\|"
+                   NP 2 RUN ${_tiny_train} --moe_a2a_overlap true --num_nodes 2 --gpus_per_node 1
+                   --moe_flex_dispatcher_backend deepep)
+epo_train_cli_test(train_flex_nodes_do_not_tile 1 "RT026" "comm.gpus_per_node" NP 1
+                   RUN train --model tiny-moe -ep 2 --max_steps 3 --num_nodes 2 --gpus_per_node 3
+                   --moe_flex_dispatcher_backend deepep logger.log_dir=train-cli-runs)

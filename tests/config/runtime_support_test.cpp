@@ -43,11 +43,6 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
         {"RT015", [](Config& c) { c.model.cuda_graph_impl = CudaGraphImpl::kLocal; }},
         {"RT016",
          [](Config& c) { c.model.moe_token_dispatcher_type = DispatcherType::kAllgather; }},
-        {"RT017",
-         [](Config& c) {
-             c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
-             c.model.moe_flex_dispatcher_backend = FlexBackend::kDeepep;
-         }},
         {"RT018",
          [](Config& c) { c.model.moe_router_load_balancing_type = LoadBalancingType::kSinkhorn; }},
         {"RT019", [](Config& c) { c.model.add_qkv_bias = true; }},
@@ -61,6 +56,13 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.comm_overlap.emplace();
              c.comm_overlap->tp_comm_overlap = false;
              c.comm_overlap->defer_embedding_wgrad_compute = true;
+         }},
+        {"RT026",
+         [](Config& c) {
+             c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
+             c.model.moe_flex_dispatcher_backend = FlexBackend::kDeepep;
+             c.model.expert_model_parallel_size = 2;
+             c.comm.gpus_per_node = 3;
          }},
     };
     return table;

@@ -368,15 +368,6 @@ const std::vector<BenchSchedule>& compare_schedules() {
 }
 
 config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job) {
-    const auto& flex = options.sources.harness.moe_flex_dispatcher_backend;
-    if (flex && flex->has_value()) {
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("RT017: --moe_flex_dispatcher_backend {}: the flex token "
-                                "dispatcher (deepep / hybridep) is not executed by this runtime, "
-                                "and running alltoall in its place would measure something "
-                                "else; drop the flag or pass --moe_flex_dispatcher_backend None",
-                                **flex));
-    }
     if (const auto& r = options.comm_compute_ratio; r && (!(*r >= 0) || !std::isfinite(*r))) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--comm_compute_ratio {}: give a positive number (1 = the "
@@ -390,6 +381,18 @@ config::Config check_bench_config(const BenchOptions& options, const comm::JobSh
                                 options.warmup_steps));
     }
     const config::Config cfg = finalized_or_throw(sources_for(options, nullptr, {}), job, "");
+    // A flex benchmark that fell back to alltoall (a device whose gating refuses the backend,
+    // W007) would measure alltoall under flex's name: refused.
+    const auto& flex = options.sources.harness.moe_flex_dispatcher_backend;
+    if (flex && flex->has_value() &&
+        cfg.model.moe_token_dispatcher_type != config::DispatcherType::kFlex) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("--moe_flex_dispatcher_backend {}: the target device does not "
+                                "admit this flex backend, so the run would fall back to alltoall "
+                                "and measure alltoall under flex's name; choose a device that "
+                                "admits it (env.gpu, e.g. cpu) or drop the flag",
+                                **flex));
+    }
     if (options.warmup_steps >= cfg.train.train_iters) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--warmup_steps {} leaves none of the {} steps "

@@ -135,9 +135,10 @@ struct BenchResult {
 };
 
 // The finalized, runtime-valid configuration of the subject run for the MPI job `job`, or an
-// epo::Error whose message lists each problem with its id and fix. Refuses the flex dispatcher
-// (RT017) whatever the device: the runtime has no flex dispatcher, and silently running
-// alltoall instead would measure something else. Same on every rank; no MPI needed.
+// epo::Error whose message lists each problem with its id and fix. Refuses
+// --moe_flex_dispatcher_backend deepep|hybridep when the device's gating falls back to alltoall:
+// running alltoall under flex's name would measure something else. Same on every rank; no MPI
+// needed.
 config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job);
 
 // --out DIR must name a directory that does not exist yet or is empty: a run never writes into

@@ -1,5 +1,9 @@
 // The communicators of one stream: world, expert-parallel (ep), data-parallel (dp),
-// expert-data-parallel (edp) and node groups of this rank, each its own MPI communicator.
+// expert-data-parallel (edp) and node groups of this rank, each its own MPI communicator, and the
+// two halves of the EP group the flex dispatcher (flex_dispatcher.h) moves tokens over: ep_node,
+// the EP group's ranks on this rank's node, and ep_peer, the EP group's ranks that have this
+// rank's index inside their ep_node (one per node: the cross-node hop of a token goes to the rank
+// of the same local index on the destination node).
 //
 // Why per stream: MPI requires every rank to issue the collectives of a communicator in the same
 // order. Two streams issuing collectives concurrently on a shared communicator would interleave
@@ -27,6 +31,8 @@ struct ProcessGroups {
     Communicator dp;
     Communicator edp;
     Communicator node;
+    Communicator ep_node;  // EP group ∩ this rank's node, in EP-rank order
+    Communicator ep_peer;  // EP ranks of this rank's local index in their node, in EP-rank order
 
     // `owner` names the stream in messages ("compute", "comm"). The layout's world_size must equal
     // the size of `parent`. One watchdog may be shared by several sets.

@@ -122,13 +122,6 @@ const std::vector<FeatureRow>& rows() {
                  "model.moe_token_dispatcher_type", "allgather");
          },
          "set model.moe_token_dispatcher_type=alltoall"},
-        {{"RT017", "the flex token dispatcher (deepep / hybridep)", &RC::flex_dispatcher},
-         [](C c) {
-             return when(
-                 is_moe(c.model) && c.model.moe_token_dispatcher_type == DispatcherType::kFlex,
-                 "model.moe_token_dispatcher_type", "flex");
-         },
-         "set model.moe_token_dispatcher_type=alltoall (--moe_flex_dispatcher_backend None)"},
         {{"RT018", "load balancing other than aux_loss / seq_aux_loss / none",
           &RC::other_load_balancing},
          [](C c) {
@@ -180,6 +173,21 @@ const std::vector<FeatureRow>& rows() {
                  "comm_overlap.defer_embedding_wgrad_compute", "true");
          },
          "set comm_overlap.defer_embedding_wgrad_compute=false"},
+        // The flex dispatcher (moe/flex_dispatcher.h) runs; its node grouping must tile the EP
+        // group (flex_ranks_per_node in moe/flex_layout.h applies the same rule on every rank).
+        {{"RT026", "the flex dispatcher over nodes that do not tile the expert-parallel group",
+          &RC::flex_irregular_nodes},
+         [](C c) {
+             const int ep = c.model.expert_model_parallel_size, gpn = gpus_per_node(c.comm);
+             return when(is_moe(c.model) &&
+                             c.model.moe_token_dispatcher_type == DispatcherType::kFlex &&
+                             c.model.moe_flex_dispatcher_backend && ep >= 1 && gpn >= 1 &&
+                             gpn % ep != 0 && ep % gpn != 0,
+                         "comm.gpus_per_node", show(gpn));
+         },
+         "choose comm.gpus_per_node dividing model.expert_model_parallel_size or a multiple of "
+         "it (each EP group whole nodes or inside one node), or set "
+         "model.moe_token_dispatcher_type=alltoall (--moe_flex_dispatcher_backend None)"},
     };
     return table;
 }

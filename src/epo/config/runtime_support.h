@@ -37,7 +37,6 @@ struct RuntimeCapabilities {
     bool tp_comm_overlap = false;           // RT014
     bool cuda_graphs = false;               // RT015
     bool allgather_dispatcher = false;      // RT016
-    bool flex_dispatcher = false;           // RT017
     bool other_load_balancing = false;      // RT018
     bool linear_biases = false;             // RT019
     bool qk_layernorm = false;              // RT020
@@ -46,6 +45,7 @@ struct RuntimeCapabilities {
     bool non_rope_positions = false;        // RT023
     bool tied_embeddings = false;           // RT024
     bool embedding_wgrad_deferral = false;  // RT025
+    bool flex_irregular_nodes = false;      // RT026 (RT017, flex itself, runs now)
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -1,6 +1,7 @@
 // GptShape from a finalized configuration.
 #include "epo/config/config.h"
 #include "epo/model/gpt_model.h"
+#include "epo/moe/flex_layout.h"
 #include "epo/moe/moe_config.h"
 
 namespace epo::model {
@@ -29,6 +30,9 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
         s.moe = moe::moe_config_from(m);
     s.ep_size = ep_size;
     s.ep_rank = ep_rank;
+    if (config::is_moe(m) && s.moe.dispatcher != moe::DispatcherKind::kAlltoall)
+        s.ep_ranks_per_node =
+            moe::flex::flex_ranks_per_node(ep_size, config::gpus_per_node(cfg.comm));
     s.tie_embeddings = m.share_embeddings_and_output_weights;
     s.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
     s.compute_dtype = m.bf16 ? DType::kBF16 : DType::kF32;

@@ -114,7 +114,8 @@ GptModel::GptModel(const GptShape& shape)
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
     if (std::find(shape.moe_layers.begin(), shape.moe_layers.end(), true) !=
         shape.moe_layers.end()) {
-        dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank);
+        dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank,
+                                                 shape.ep_ranks_per_node);
     }
 }
 
@@ -312,12 +313,12 @@ void GptModel::output_backward(MicroBatch& m, Arena& scratch) {
     release_handoff(m.x, last);
 }
 
-void GptModel::run(const schedule::NodeCall& c, comm::Communicator& ep, Arena& scratch) {
+void GptModel::run(const schedule::NodeCall& c, const moe::DispatchComms& comms, Arena& scratch) {
     using schedule::NodeKind;
     using schedule::Phase;
     scratch.reset();
     MicroBatch& m = micro_batch(c.micro_batch);
-    const NodeArgs args{.ep = &ep,
+    const NodeArgs args{.comms = &comms,
                         .dispatcher = dispatcher_.get(),
                         .scratch = &scratch,
                         .loss_grad_scale = loss_grad_scale_};

@@ -54,6 +54,7 @@ struct GptShape {
     moe::MoeConfig moe;
     int ep_size = 1;
     int ep_rank = 0;
+    int ep_ranks_per_node = 0;  // flex: EP ranks per node (flex_ranks_per_node), else 0
     bool tie_embeddings = false;
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
@@ -147,7 +148,7 @@ public:
                     std::vector<std::vector<int32_t>> labels, float loss_grad_scale);
     // Executes one node call. `ep` is the EP communicator of the stream it runs on, `scratch`
     // that stream's scratch arena. Micro-batch indices run from 0 to the step's count - 1.
-    void run(const schedule::NodeCall& call, comm::Communicator& ep, Arena& scratch);
+    void run(const schedule::NodeCall& call, const moe::DispatchComms& comms, Arena& scratch);
     // Micro-batch `mb`'s forward and backward as a straight list (embedding, each layer's nodes,
     // output; then the same reversed, weight gradients right after each dgrad), on the calling
     // thread with `ep` for every node. forward_backward() is forward() then backward().

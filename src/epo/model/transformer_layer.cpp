@@ -112,7 +112,7 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
 
 void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
                       const NodeArgs& a) {
-    moe::block_dispatch_forward(block_of(s, p, a), *a.ep, st.moe, st.arena);
+    moe::block_dispatch_forward(block_of(s, p, a), *a.comms, st.moe, st.arena);
 }
 
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
@@ -129,7 +129,7 @@ void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, cons
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                      const NodeArgs& a) {
     Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
-    moe::block_combine_forward(block_of(s, p, a), *a.ep, st.moe, y);
+    moe::block_combine_forward(block_of(s, p, a), *a.comms, st.moe, y);
     add_into(st.h, y, out);
 }
 
@@ -137,7 +137,7 @@ void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
                       const Tensor& d_out, const NodeArgs& a) {
     st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
     to_compute(d_out, st.d_out_c);
-    moe::block_combine_backward(block_of(s, p, a), *a.ep, st.d_out_c, st.moe, st.arena);
+    moe::block_combine_backward(block_of(s, p, a), *a.comms, st.d_out_c, st.moe, st.arena);
 }
 
 void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
@@ -165,7 +165,7 @@ void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const 
 
 void dispatch_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
                        const NodeArgs& a) {
-    moe::block_dispatch_backward(block_of(s, p, a), *a.ep, st.moe);
+    moe::block_dispatch_backward(block_of(s, p, a), *a.comms, st.moe);
 }
 
 void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable& rope,

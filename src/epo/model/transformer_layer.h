@@ -93,7 +93,7 @@ struct LayerStepStats {
 };
 
 struct NodeArgs {
-    comm::Communicator* ep = nullptr;                  // the running stream's EP communicator
+    const moe::DispatchComms* comms = nullptr;         // the running stream's communicators
     const moe::TokenDispatcher* dispatcher = nullptr;  // MoE layers: the model's dispatcher
     Arena* scratch = nullptr;      // the running stream's scratch (reset per node)
     float loss_grad_scale = 1.0f;  // 1 / number of micro-batches

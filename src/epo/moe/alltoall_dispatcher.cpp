@@ -184,10 +184,10 @@ void AlltoallDispatcher::dispatch_preprocess(const RouterOutput& routing, const 
     alltoall::dispatch_permute(routing, x, own(d));
 }
 
-void AlltoallDispatcher::token_dispatch(comm::Communicator& ep, DispatchState& d,
+void AlltoallDispatcher::token_dispatch(const DispatchComms& comms, DispatchState& d,
                                         Arena& arena) const {
-    alltoall::exchange_counts(cfg_, ep, own(d), arena);
-    alltoall::token_dispatch(ep, own(d));
+    alltoall::exchange_counts(cfg_, comms.ep, own(d), arena);
+    alltoall::token_dispatch(comms.ep, own(d));
 }
 
 void AlltoallDispatcher::dispatch_postprocess(DispatchState& d) const {
@@ -198,8 +198,8 @@ void AlltoallDispatcher::combine_preprocess(DispatchState& d) const {
     alltoall::combine_preprocess(own(d));
 }
 
-void AlltoallDispatcher::token_combine(comm::Communicator& ep, DispatchState& d) const {
-    alltoall::token_combine(ep, own(d));
+void AlltoallDispatcher::token_combine(const DispatchComms& comms, DispatchState& d) const {
+    alltoall::token_combine(comms.ep, own(d));
 }
 
 void AlltoallDispatcher::combine_postprocess(const DispatchState& d, const Tensor& shared,
@@ -212,8 +212,9 @@ void AlltoallDispatcher::combine_postprocess_backward(const Tensor& dy, Dispatch
     alltoall::combine_postprocess_backward(dy, own(d), arena);
 }
 
-void AlltoallDispatcher::token_combine_backward(comm::Communicator& ep, DispatchState& d) const {
-    alltoall::token_combine_backward(ep, own(d));
+void AlltoallDispatcher::token_combine_backward(const DispatchComms& comms,
+                                                DispatchState& d) const {
+    alltoall::token_combine_backward(comms.ep, own(d));
 }
 
 void AlltoallDispatcher::combine_preprocess_backward(DispatchState& d) const {
@@ -224,8 +225,9 @@ void AlltoallDispatcher::dispatch_postprocess_backward(DispatchState& d) const {
     alltoall::dispatch_postprocess_backward(own(d));
 }
 
-void AlltoallDispatcher::token_dispatch_backward(comm::Communicator& ep, DispatchState& d) const {
-    alltoall::token_dispatch_backward(ep, own(d));
+void AlltoallDispatcher::token_dispatch_backward(const DispatchComms& comms,
+                                                 DispatchState& d) const {
+    alltoall::token_dispatch_backward(comms.ep, own(d));
 }
 
 void AlltoallDispatcher::gather_dweight(const DispatchState& d, const Tensor& dweight) const {

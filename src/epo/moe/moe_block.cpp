@@ -25,9 +25,9 @@ void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t
     b.dispatcher.dispatch_preprocess(st.router, x, *st.dispatch, arena);
 }
 
-void block_dispatch_forward(const MoeBlock& b, comm::Communicator& ep, MoeBlockState& st,
+void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                             Arena& arena) {
-    b.dispatcher.token_dispatch(ep, *st.dispatch, arena);
+    b.dispatcher.token_dispatch(comms, *st.dispatch, arena);
 }
 
 void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena) {
@@ -38,17 +38,17 @@ void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena) {
     b.dispatcher.combine_preprocess(d);
 }
 
-void block_combine_forward(const MoeBlock& b, comm::Communicator& ep, MoeBlockState& st,
+void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                            const Tensor& y) {
-    b.dispatcher.token_combine(ep, *st.dispatch);
+    b.dispatcher.token_combine(comms, *st.dispatch);
     b.dispatcher.combine_postprocess(*st.dispatch, st.shared_out, y);
 }
 
-void block_combine_backward(const MoeBlock& b, comm::Communicator& ep, const Tensor& dy,
+void block_combine_backward(const MoeBlock& b, const DispatchComms& comms, const Tensor& dy,
                             MoeBlockState& st, Arena& arena) {
     st.dy = dy;
     b.dispatcher.combine_postprocess_backward(dy, *st.dispatch, arena);
-    b.dispatcher.token_combine_backward(ep, *st.dispatch);
+    b.dispatcher.token_combine_backward(comms, *st.dispatch);
 }
 
 void block_mlp_backward(const MoeBlock& b, MoeBlockState& st, Arena& arena) {
@@ -64,8 +64,8 @@ void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch)
                            scratch);
 }
 
-void block_dispatch_backward(const MoeBlock& b, comm::Communicator& ep, MoeBlockState& st) {
-    b.dispatcher.token_dispatch_backward(ep, *st.dispatch);
+void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st) {
+    b.dispatcher.token_dispatch_backward(comms, *st.dispatch);
 }
 
 // dx = unpermute + the router's term + the shared expert's, summed in f32 in that order (the

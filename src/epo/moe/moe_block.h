@@ -57,20 +57,20 @@ struct MoeBlockState {
 // The state's buffers come from `arena` (the micro-batch's, kept until its backward).
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
                                 MoeBlockState& st, Arena& arena);
-void block_dispatch_forward(const MoeBlock& b, comm::Communicator& ep, MoeBlockState& st,
+void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                             Arena& arena);
 void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena);
 // y (T, H) f32 = the routed experts' weighted sum (+ shared expert).
-void block_combine_forward(const MoeBlock& b, comm::Communicator& ep, MoeBlockState& st,
+void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                            const Tensor& y);
 
 // dy (T, H) compute dtype: gradient of the block output (kept in the state until the
 // pre_dispatch backward).
-void block_combine_backward(const MoeBlock& b, comm::Communicator& ep, const Tensor& dy,
+void block_combine_backward(const MoeBlock& b, const DispatchComms& comms, const Tensor& dy,
                             MoeBlockState& st, Arena& arena);
 void block_mlp_backward(const MoeBlock& b, MoeBlockState& st, Arena& arena);
 void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch);
-void block_dispatch_backward(const MoeBlock& b, comm::Communicator& ep, MoeBlockState& st);
+void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st);
 // dx (T, H) f32 = gradient of the block input (overwritten). loss_grad_scale multiplies the
 // aux/z-loss gradients (1 / number of micro-batches).
 void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBlockState& st,

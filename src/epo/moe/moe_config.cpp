@@ -168,6 +168,14 @@ MoeConfig moe_config_from(const config::ModelConfig& m) {
     c.shared_expert_size = m.moe_shared_expert_intermediate_size.value_or(0);
     c.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
     c.precision = m.bf16 ? Precision::kBf16 : Precision::kFp32;
+    // flex without a backend was turned into alltoall at finalization (W009); allgather is
+    // refused before a run (RT016).
+    if (m.moe_token_dispatcher_type == config::DispatcherType::kFlex &&
+        m.moe_flex_dispatcher_backend) {
+        c.dispatcher = *m.moe_flex_dispatcher_backend == config::FlexBackend::kHybridep
+                           ? DispatcherKind::kFlexHybridep
+                           : DispatcherKind::kFlexDeepep;
+    }
     validate_moe_config(c);
     return c;
 }

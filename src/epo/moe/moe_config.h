@@ -21,9 +21,9 @@ enum class ScoreFunction { kSoftmax, kSigmoid };
 enum class LoadBalancing { kNone, kAuxLoss, kSeqAuxLoss };
 enum class DropPolicy { kProbs, kPosition };
 enum class Precision { kFp32, kBf16 };
-// The token dispatcher of an expert-parallel layer (token_dispatcher.h). flex is validated and
-// refused before a run (RT017) until it has an implementation here.
-enum class DispatcherKind { kAlltoall };
+// The token dispatcher of an expert-parallel layer (token_dispatcher.h): alltoall, or flex with
+// its backend (moe_flex_dispatcher_backend, flex_dispatcher.h).
+enum class DispatcherKind { kAlltoall, kFlexDeepep, kFlexHybridep };
 
 const char* score_function_name(ScoreFunction f);  // "softmax", "sigmoid"
 const char* load_balancing_name(LoadBalancing l);  // "none", "aux_loss", "seq_aux_loss"

@@ -12,7 +12,8 @@
 //   combine (comm)          token_combine: the payload back; combine_postprocess: a token's
 //                           rows summed (+ shared expert)
 // and each backward in reverse. Communication happens only in token_dispatch and token_combine
-// (and their backwards), on the communicator of the stream the node runs on.
+// (and their backwards), on the communicators of the stream the node runs on (DispatchComms:
+// the EP group, and for a dispatcher that moves tokens node by node, its node and peer halves).
 //
 // Per micro-batch a dispatcher keeps a DispatchState (DeepEP's "handle"): created by
 // new_state(), filled by the forward and read by the backward, opaque to the block except for
@@ -28,11 +29,25 @@
 #include <memory>
 
 #include "epo/comm/communicator.h"
+#include "epo/comm/process_groups.h"
 #include "epo/moe/dispatch.h"
 #include "epo/moe/moe_config.h"
 #include "epo/moe/router.h"
 
 namespace epo::moe {
+
+// The running stream's communicators a dispatcher may use. alltoall needs the EP group only (a
+// Communicator converts to this); flex also needs the EP group's ranks on this node and its peer
+// ranks on the other nodes (process_groups.h), which a stream's ProcessGroups provides.
+struct DispatchComms {
+    comm::Communicator& ep;
+    comm::Communicator* ep_node = nullptr;
+    comm::Communicator* ep_peer = nullptr;
+
+    DispatchComms(comm::Communicator& ep_group) : ep(ep_group) {}  // NOLINT: implicit on purpose
+    DispatchComms(comm::ProcessGroups& g)                          // NOLINT: implicit on purpose
+        : ep(g.ep), ep_node(&g.ep_node), ep_peer(&g.ep_peer) {}
+};
 
 // One micro-batch's dispatch through one layer, kept from its forward until its backward. The
 // fields here are what the experts read and write; a dispatcher derives its own state from it.
@@ -60,11 +75,12 @@ public:
     // allocates the send-side buffers from `arena`. No communication.
     virtual void dispatch_preprocess(const RouterOutput& routing, const Tensor& x, DispatchState& d,
                                      Arena& arena) const = 0;
-    // Counts and layout, then the payload, over `ep`; allocates the receive side from `arena`.
-    virtual void token_dispatch(comm::Communicator& ep, DispatchState& d, Arena& arena) const = 0;
+    // Counts and layout, then the payload, over `comms`; allocates the receive side from `arena`.
+    virtual void token_dispatch(const DispatchComms& comms, DispatchState& d,
+                                Arena& arena) const = 0;
     virtual void dispatch_postprocess(DispatchState& d) const = 0;
     virtual void combine_preprocess(DispatchState& d) const = 0;
-    virtual void token_combine(comm::Communicator& ep, DispatchState& d) const = 0;
+    virtual void token_combine(const DispatchComms& comms, DispatchState& d) const = 0;
     // y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 if defined).
     virtual void combine_postprocess(const DispatchState& d, const Tensor& shared,
                                      const Tensor& y) const = 0;
@@ -73,10 +89,10 @@ public:
     // dy (T, H) compute dtype; allocates every backward buffer from `arena`.
     virtual void combine_postprocess_backward(const Tensor& dy, DispatchState& d,
                                               Arena& arena) const = 0;
-    virtual void token_combine_backward(comm::Communicator& ep, DispatchState& d) const = 0;
+    virtual void token_combine_backward(const DispatchComms& comms, DispatchState& d) const = 0;
     virtual void combine_preprocess_backward(DispatchState& d) const = 0;
     virtual void dispatch_postprocess_backward(DispatchState& d) const = 0;
-    virtual void token_dispatch_backward(comm::Communicator& ep, DispatchState& d) const = 0;
+    virtual void token_dispatch_backward(const DispatchComms& comms, DispatchState& d) const = 0;
     // The preprocess's backward, in the two halves the block fuses into its one pass over the
     // tokens: dweight (T, K) f32 = the gradient of each kept (token, k) weight (0 when dropped),
     // and acc[0, H) = sum over token t's kept slots, in k order, of its row gradients (f32).
@@ -84,8 +100,9 @@ public:
     virtual void token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const = 0;
 };
 
-// The dispatcher cfg.dispatcher names, for EP rank `ep_rank` of `ep_size`.
+// The dispatcher cfg.dispatcher names, for EP rank `ep_rank` of `ep_size`. flex needs the EP
+// ranks per node (flex_ranks_per_node()); 0 = not given, which flex refuses.
 std::unique_ptr<TokenDispatcher> make_token_dispatcher(const MoeConfig& cfg, int ep_size,
-                                                       int ep_rank);
+                                                       int ep_rank, int ep_ranks_per_node = 0);
 
 }  // namespace epo::moe

@@ -139,7 +139,7 @@ schedule::NodeBody Trainer::node_body(bool gather_pending) {
         Arena& scratch = schedule::stream_of(call.node) == schedule::StreamId::kCompute
                              ? compute_scratch_
                              : comm_scratch_;
-        model_->run(call, ctx.comm().ep, scratch);
+        model_->run(call, ctx.comm(), scratch);
     };
 }
 
