@@ -38,19 +38,23 @@ Tensor bf16_tensor(int64_t rows, int64_t cols, uint64_t seed) {
     return t;
 }
 
-// Seconds per call of `fn`, the median of timed batches after one warm-up call.
+// Seconds per call of `fn`: the mean over calls for about `budget_s`, at least two.
 template <typename Fn>
 double time_per_call(Fn&& fn, double budget_s) {
-    fn();
-    std::vector<double> per_call;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(budget_s);
-    while (per_call.size() < 3 || (Clock::now() < deadline && per_call.size() < 200)) {
-        const auto t0 = Clock::now();
+    const auto t0 = Clock::now();
+    int calls = 0;
+    double elapsed = 0;
+    do {
         fn();
-        per_call.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
-    return per_call[per_call.size() / 2];
+        ++calls;
+        elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    } while (calls < 2 || elapsed < budget_s);
+    return elapsed / calls;
+}
+
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
 }
 
 // One thread's measurements: rate[pass][shape] in FLOP/s, and the element-wise bytes/s.
@@ -59,35 +63,24 @@ struct ThreadRates {
     double elementwise_bps = 0;
 };
 
+// The operands of one shape's three products.
+struct ShapeOperands {
+    Shape s;
+    Tensor x, w, dy, y, dx, dw;
+};
+
+// Rounds: each round times every product and the element-wise kernel once, so a change of the
+// machine's load between rounds hits all alike; the result is each one's median over rounds.
+constexpr int kRounds = 5;
+
 ThreadRates measure_thread(double budget_s, uint64_t seed) {
     namespace k = kernels;
-    ThreadRates out;
-    out.rate.assign(3, {});
+    std::vector<ShapeOperands> ops;
     for (const Shape& s : calibration_shapes()) {
-        Tensor x = bf16_tensor(s.m, s.k, seed + 1), w = bf16_tensor(s.n, s.k, seed + 2);
-        Tensor dy = bf16_tensor(s.m, s.n, seed + 3);
-        Tensor y = Tensor::empty({s.m, s.n}, DType::kBF16);
-        Tensor dx = Tensor::empty({s.m, s.k}, DType::kBF16);
-        Tensor dw = Tensor::zeros({s.n, s.k}, DType::kF32);
-        const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
-        // Forward y = x w^T; input gradient dx = dy w; weight gradient dw += dy^T x (f32).
-        out.rate[0].push_back(flops / time_per_call(
-                                          [&] {
-                                              k::gemm(k::as_matrix(x), k::as_matrix(w),
-                                                      k::as_matrix(y), {.trans_b = true});
-                                          },
-                                          budget_s));
-        out.rate[1].push_back(
-            flops /
-            time_per_call([&] { k::gemm(k::as_matrix(dy), k::as_matrix(w), k::as_matrix(dx)); },
-                          budget_s));
-        out.rate[2].push_back(flops / time_per_call(
-                                          [&] {
-                                              k::gemm(k::as_matrix(dy), k::as_matrix(x),
-                                                      k::as_matrix(dw),
-                                                      {.trans_a = true, .accumulate = true});
-                                          },
-                                          budget_s));
+        ops.push_back({s, bf16_tensor(s.m, s.k, seed + 1), bf16_tensor(s.n, s.k, seed + 2),
+                       bf16_tensor(s.m, s.n, seed + 3), Tensor::empty({s.m, s.n}, DType::kBF16),
+                       Tensor::empty({s.m, s.k}, DType::kBF16),
+                       Tensor::zeros({s.n, s.k}, DType::kF32)});
     }
     // SwiGLU forward and backward over (rows, 2F): bytes read and written per pair.
     const int64_t rows = 2048, F = 768;
@@ -95,16 +88,54 @@ ThreadRates measure_thread(double budget_s, uint64_t seed) {
     Tensor dh = Tensor::empty({rows, 2 * F}, DType::kBF16);
     Tensor probs = Tensor::empty({rows}, DType::kF32), dprobs = Tensor::empty({rows}, DType::kF32);
     fill_uniform(probs, seed + 6, 0.0f, 1.0f);
-    const double bytes = 2.0 * static_cast<double>(rows * (2 * F + F))             // forward
-                         + 2.0 * static_cast<double>(rows * (2 * F + F + 2 * F));  // backward
-    out.elementwise_bps =
-        bytes / time_per_call(
-                    [&] {
-                        k::swiglu_forward(k::as_matrix(h), probs.data<float>(), k::as_matrix(a));
-                        k::swiglu_backward(k::as_matrix(h), probs.data<float>(), k::as_matrix(a),
-                                           k::as_matrix(dh), dprobs.data<float>());
-                    },
-                    budget_s);
+    const double swiglu_bytes = 2.0 * static_cast<double>(rows * (2 * F + F)) +         // forward
+                                2.0 * static_cast<double>(rows * (2 * F + F + 2 * F));  // backward
+
+    std::vector<std::vector<std::vector<double>>> rates(
+        3, std::vector<std::vector<double>>(ops.size()));
+    std::vector<double> elementwise;
+    const double each = budget_s / kRounds;
+    for (int round = 0; round < kRounds; ++round) {
+        for (size_t i = 0; i < ops.size(); ++i) {
+            ShapeOperands& o = ops[i];
+            const double flops = 2.0 * static_cast<double>(o.s.m * o.s.n * o.s.k);
+            // Forward y = x w^T; input gradient dx = dy w; weight gradient dw += dy^T x (f32).
+            rates[0][i].push_back(flops / time_per_call(
+                                              [&] {
+                                                  k::gemm(k::as_matrix(o.x), k::as_matrix(o.w),
+                                                          k::as_matrix(o.y), {.trans_b = true});
+                                              },
+                                              each));
+            rates[1][i].push_back(
+                flops /
+                time_per_call(
+                    [&] { k::gemm(k::as_matrix(o.dy), k::as_matrix(o.w), k::as_matrix(o.dx)); },
+                    each));
+            rates[2][i].push_back(flops / time_per_call(
+                                              [&] {
+                                                  k::gemm(k::as_matrix(o.dy), k::as_matrix(o.x),
+                                                          k::as_matrix(o.dw),
+                                                          {.trans_a = true, .accumulate = true});
+                                              },
+                                              each));
+        }
+        elementwise.push_back(
+            swiglu_bytes /
+            time_per_call(
+                [&] {
+                    k::swiglu_forward(k::as_matrix(h), probs.data<float>(), k::as_matrix(a));
+                    k::swiglu_backward(k::as_matrix(h), probs.data<float>(), k::as_matrix(a),
+                                       k::as_matrix(dh), dprobs.data<float>());
+                },
+                each));
+    }
+    ThreadRates out;
+    out.rate.assign(3, {});
+    for (int p = 0; p < 3; ++p) {
+        for (const auto& r : rates[p])
+            out.rate[p].push_back(median_of(r));
+    }
+    out.elementwise_bps = median_of(elementwise);
     return out;
 }
 

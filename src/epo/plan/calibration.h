@@ -51,7 +51,7 @@ RateCurve fit_rate_curve(const std::vector<double>& x, const std::vector<double>
 
 struct KernelCalibrationOptions {
     int num_threads = 2;               // ranks per host of the planned job
-    double seconds_per_measure = 0.1;  // each shape and pass, per thread
+    double seconds_per_measure = 0.5;  // each shape and pass, per thread (over 5 rounds)
 };
 // Measures this machine (one OpenMP thread per measuring thread: the caller sets
 // OMP_NUM_THREADS=1 before oneDNN starts). Progress lines go to `log`.

@@ -1,4 +1,4 @@
-// The cost of one node call (docs/plan.md "The cost model"): what the call does, from the model
+// The cost of one node call (docs/plan.md "How it predicts"): what the call does, from the model
 // shape and the layout (its matrix products, the bytes its element-wise work touches, the bytes
 // its collectives move on each link), and how long that takes on the hardware.
 //
