@@ -64,9 +64,10 @@ void run_calibrate(const PlanArgs& args) {
     plan::write_calibration(args.out, c);
     std::cout << fmt::format(
         "[plan] cpu: peak {:.3g} TFLOP/s, dgrad {:.2f}, wgrad {:.2f} of it, half at {:.0f}, "
-        "element-wise {:.3g} GB/s\n[plan] wrote {} ({})\n",
+        "memory {:.3g} GB/s, element-wise kernels {:.2f} of it\n[plan] wrote {} ({})\n",
         *c.peak_bf16_tflops, c.params.dgrad_efficiency, c.params.wgrad_efficiency,
-        c.params.gemm_half_dim, *c.memory_tbps * 1e3, args.out, c.how);
+        c.params.gemm_half_dim, *c.memory_tbps * 1e3, c.params.elementwise_efficiency, args.out,
+        c.how);
 }
 
 void run_plan(const PlanArgs& args) {

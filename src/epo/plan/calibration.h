@@ -11,7 +11,8 @@
 //
 //   1 / rate(x) = a + b / x      (least squares)   =>   peak_p = 1 / a,  half_dim = b / a,
 //
-// then the SwiGLU forward and backward over (rows, 2F) for the element-wise bandwidth. The
+// then a streaming loop (a = b + s c, f32, beyond the caches) for the memory bandwidth and the
+// SwiGLU forward and backward over (rows, 2F) for the element-wise kernels' share of it. The
 // device's peak is the forward curve's peak; dgrad/wgrad efficiencies are their peaks over it.
 //
 // Deliberately not done: timing whole training steps (a plan calibrated from the runs it

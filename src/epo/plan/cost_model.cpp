@@ -159,7 +159,7 @@ CostParams default_params(const DeviceSpec& device) {
         // link model's waiting thread sleeps, so compute does not slow beside it.
         p.gemm_efficiency = p.dgrad_efficiency = p.wgrad_efficiency = 1.0;
         p.gemm_half_dim = 32;
-        p.memory_efficiency = 1.0;
+        p.memory_efficiency = p.elementwise_efficiency = 1.0;
         p.link_efficiency = 1.0;
         p.overlap_slowdown = 0;
         p.node_overhead_us = 20;
@@ -169,7 +169,7 @@ CostParams default_params(const DeviceSpec& device) {
     // GPU families: see docs/plan.md "Calibration" for where each comes from.
     p.gemm_efficiency = p.dgrad_efficiency = p.wgrad_efficiency = 0.70;
     p.gemm_half_dim = 96;
-    p.memory_efficiency = 0.70;
+    p.memory_efficiency = p.elementwise_efficiency = 0.70;
     p.link_efficiency = 0.80;
     // The SMs the communication kernels hold: NCCL's all-to-all up to 32 channels of one block,
     // DeepEP's kernels 24 SMs by default; compute keeps the rest (and so, in turn, does the
@@ -276,7 +276,8 @@ double compute_seconds(const NodeWork& w, const DeviceSpec& device, const CostPa
         const double eff = e * x / (x + p.gemm_half_dim);
         t += 2 * g.m * g.n * g.k * g.count / (peak * eff);
     }
-    t += w.elementwise_bytes / (device.memory_tbps * 1e12 * p.memory_efficiency);
+    t += w.elementwise_bytes / (device.memory_tbps * 1e12 * p.elementwise_efficiency);
+    t += w.stream_bytes / (device.memory_tbps * 1e12 * p.memory_efficiency);
     return t + p.node_overhead_us * 1e-6;
 }
 

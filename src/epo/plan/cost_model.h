@@ -3,7 +3,8 @@
 // its collectives move on each link), and how long that takes on the hardware.
 //
 //   compute  t = sum over products of 2 m n k / (peak * eff_p(min(m, n, k)))
-//              + element-wise bytes / (memory bandwidth * memory_efficiency)
+//              + kernel bytes / (memory bandwidth * elementwise_efficiency)
+//              + streaming bytes / (memory bandwidth * memory_efficiency)
 //              + node_overhead_us
 //            eff_p(x) = e_p * x / (x + gemm_half_dim)   (small products run slower), e_p the
 //            pass's efficiency: gemm_efficiency for forward products, dgrad_efficiency for input
@@ -59,11 +60,14 @@ namespace epo::plan {
 
 // The efficiency parameters (the calibration). Defaults per device family: default_params().
 struct CostParams {
-    double gemm_efficiency = 0.7;      // share of peak a large forward product reaches
-    double dgrad_efficiency = 0.7;     // ... an input-gradient product
-    double wgrad_efficiency = 0.7;     // ... a weight-gradient product
-    double gemm_half_dim = 64;         // smallest product dimension at which it reaches half that
-    double memory_efficiency = 0.7;    // share of memory bandwidth element-wise work reaches
+    double gemm_efficiency = 0.7;    // share of peak a large forward product reaches
+    double dgrad_efficiency = 0.7;   // ... an input-gradient product
+    double wgrad_efficiency = 0.7;   // ... a weight-gradient product
+    double gemm_half_dim = 64;       // smallest product dimension at which it reaches half that
+    double memory_efficiency = 0.7;  // share of memory bandwidth streaming loops reach (Adam)
+    // ... element-wise kernels reach (norms, softmax, activation, permutations: on a CPU their
+    // exp() and gathers keep them well below a streaming loop)
+    double elementwise_efficiency = 0.7;
     double link_efficiency = 0.8;      // share of nominal link bandwidth a collective reaches
     double overlap_slowdown = 0;       // alltoall: a call slows by this while the other stream runs
     double flex_overlap_slowdown = 0;  // the same with the flex dispatcher's kernels
@@ -85,8 +89,9 @@ struct Gemm {
 // What one call does.
 struct NodeWork {
     std::vector<Gemm> gemms;
-    double elementwise_bytes = 0;
-    comm::ByteCounts bytes;  // per rank, symmetric under uniform routing
+    double elementwise_bytes = 0;  // element-wise kernels
+    double stream_bytes = 0;       // streaming loops
+    comm::ByteCounts bytes;        // per rank, symmetric under uniform routing
     int num_collectives = 0;
 };
 

@@ -188,6 +188,7 @@ Replay replay_schedule(const std::vector<NodeCall>& calls,
         }
     }
     Replay r;
+    r.durations_s = now;
     for (size_t i = 0; i < calls.size(); ++i) {
         r.end_s = std::max(r.end_s, spans[i].end);
         (schedule::stream_of(calls[i].node) == StreamId::kCompute ? r.compute_s : r.comm_s) +=
@@ -207,7 +208,7 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
         flex ? params.flex_overlap_slowdown : params.overlap_slowdown);
     const OptimizerWork opt = optimizer_work(pm, sp);
     NodeWork opt_compute;
-    opt_compute.elementwise_bytes = opt.elementwise_bytes;
+    opt_compute.stream_bytes = opt.elementwise_bytes;
 
     ScheduleEstimate e;
     e.overlap = cfg.model.overlap_moe_expert_parallel_comm;
@@ -222,10 +223,16 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
     e.compute_s = r.compute_s + e.optimizer_s;
     e.comm_s = r.comm_s;
     e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
-    for (const NodeCall& c : sp.calls) {
+    for (size_t i = 0; i < sp.calls.size(); ++i) {
+        const NodeCall& c = sp.calls[i];
         if (c.node == NodeKind::kDispatch || c.node == NodeKind::kCombine)
-            e.alltoall_s += comm_seconds(node_work(pm, c), hw.network, params);
+            e.alltoall_s += r.durations_s[i];
+        e.node_seconds[schedule::is_side_branch(c.node)
+                           ? std::string(schedule::node_name(c.node))
+                           : fmt::format("{}.{}", schedule::node_name(c.node),
+                                         schedule::phase_name(c.phase))] += r.durations_s[i];
     }
+    e.node_seconds["optimizer_step"] = e.optimizer_s;
     const int64_t world = config::world_size(cfg);
     e.tokens_per_s = static_cast<double>(cfg.train.global_batch_size.value_or(0)) *
                      cfg.model.seq_length / e.step_time_s;

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,8 @@ struct ScheduleEstimate {
     int64_t extra_memory_bytes = 0;  // over the baseline's
     std::optional<double> speedup;   // baseline step / this step
     size_t num_calls = 0;
+    // Seconds per step by node kind ("mlp.backward", "grad_reduce", ...: epo bench's `nodes`).
+    std::map<std::string, double> node_seconds;
 };
 
 struct PlanResult {
@@ -75,6 +78,7 @@ struct Replay {
     double end_s = 0;      // the last call's end
     double compute_s = 0;  // compute-call durations, slowed
     double comm_s = 0;
+    std::vector<double> durations_s;  // per call, slowed
 };
 Replay replay_schedule(const std::vector<schedule::NodeCall>& calls,
                        const std::function<double(const schedule::NodeCall&)>& base_s,

@@ -19,15 +19,17 @@ std::string format_plan(const PlanResult& r) {
         "[plan] network: {:g} Gbit/s inside a node, {:g} Gbit/s between nodes per GPU, latency "
         "{:g} us ({})\n"
         "[plan] efficiencies ({}): products {:.2f} / dgrad {:.2f} / wgrad {:.2f}, half at {:.0f}, "
-        "memory {:.2f}, links {:.2f}, slowdown while overlapped {:.2f} (flex {:.2f}), {:g} us per "
+        "memory {:.2f} / element-wise {:.2f}, links {:.2f}, slowdown while overlapped {:.2f} (flex "
+        "{:.2f}), {:g} us per "
         "node\n\n",
         r.model, r.world_size, r.num_nodes, r.gpus_per_node, r.ep_size, r.dp_size,
         r.num_micro_batches, hw.device.id, hw.device.peak_bf16_tflops, hw.device.memory_tbps,
         hw.device.memory_gb, hw.device.source, hw.network.intra_node_gbps,
         hw.network.inter_node_gbps, hw.network.latency_us, hw.network.source, r.params.source,
         r.params.gemm_efficiency, r.params.dgrad_efficiency, r.params.wgrad_efficiency,
-        r.params.gemm_half_dim, r.params.memory_efficiency, r.params.link_efficiency,
-        r.params.overlap_slowdown, r.params.flex_overlap_slowdown, r.params.node_overhead_us);
+        r.params.gemm_half_dim, r.params.memory_efficiency, r.params.elementwise_efficiency,
+        r.params.link_efficiency, r.params.overlap_slowdown, r.params.flex_overlap_slowdown,
+        r.params.node_overhead_us);
     out += fmt::format("{:26s} {:>10s} {:>10s} {:>8s} {:>9s} {:>9s} {:>9s} {:>8s} {:>9s} {:>9s}\n",
                        "schedule", "step s", "tokens/s", "TFLOP/s", "compute", "comm", "exposed",
                        "speedup", "peak mem", "overlap");
@@ -71,7 +73,8 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                              {"tflops_per_gpu", e.tflops_per_gpu},
                              {"peak_memory_bytes", e.peak_memory_bytes},
                              {"extra_memory_bytes", e.extra_memory_bytes},
-                             {"speedup_vs_baseline", e.speedup.value_or(1)}});
+                             {"speedup_vs_baseline", e.speedup.value_or(1)},
+                             {"nodes_seconds_per_step", e.node_seconds}});
     }
     j["overlap_speedup"] = r.overlap_speedup ? nlohmann::ordered_json(*r.overlap_speedup) : nullptr;
     j["verdict"] = {{"answer", r.verdict}, {"reason", r.reason}};
@@ -93,6 +96,7 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                         {"wgrad_efficiency", p.wgrad_efficiency},
                         {"gemm_half_dim", p.gemm_half_dim},
                         {"memory_efficiency", p.memory_efficiency},
+                        {"elementwise_efficiency", p.elementwise_efficiency},
                         {"link_efficiency", p.link_efficiency},
                         {"overlap_slowdown", p.overlap_slowdown},
                         {"flex_overlap_slowdown", p.flex_overlap_slowdown},
