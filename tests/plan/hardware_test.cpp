@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "epo/core/error.h"
@@ -135,6 +136,32 @@ TEST(PlanCalibration, FitRecoversTheRateCurve) {
     const RateCurve c = fit_rate_curve(x, rate);
     EXPECT_NEAR(c.peak, 700, 1e-6);
     EXPECT_NEAR(c.half_dim, 50, 1e-6);
+}
+
+}  // namespace
+}  // namespace epo::plan
+
+namespace epo::plan {
+namespace {
+
+TEST(PlanCalibration, KernelMeasurementGivesAUsableCpuCalibration) {
+    // Short: one thread, 10 ms per product and pass. Only plausibility (timings are the
+    // machine's): positive figures, efficiencies a file accepts, and a plan that loads them.
+    std::ostringstream log;
+    const Calibration c = calibrate_kernels({.num_threads = 1, .seconds_per_measure = 0.01}, log);
+    EXPECT_EQ(c.device, "cpu");
+    EXPECT_GT(*c.peak_bf16_tflops, 0);
+    EXPECT_GT(*c.memory_tbps, 0);
+    EXPECT_GT(c.params.wgrad_efficiency, 0);
+    EXPECT_LE(c.params.elementwise_efficiency, 1);
+    EXPECT_NE(log.str().find("[plan] wgrad"), std::string::npos) << log.str();
+    const auto path = std::filesystem::temp_directory_path() / "epo_plan_kernels_test.json";
+    write_calibration(path, c);
+    Hardware hw = resolve_hardware("cpu", {});
+    CostParams p;
+    apply_calibration(read_calibration(path), hw, p);
+    EXPECT_DOUBLE_EQ(hw.device.peak_bf16_tflops, *c.peak_bf16_tflops);
+    std::filesystem::remove(path);
 }
 
 }  // namespace
