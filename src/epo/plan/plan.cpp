@@ -150,6 +150,57 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
         best.name, base.exposed_comm_s - best.exposed_comm_s, base.exposed_comm_s);
 }
 
+// epo bench's link calibration (bench/bench_run.h): B = bytes / (R C - n latency), from the
+// baseline's compute C and the bytes of its collectives, on the inter-node link (intra-node on
+// one node).
+void set_network_to_ratio(const config::Config& base_cfg, const model::GptShape& shape,
+                          double ratio, PlanResult& r) {
+    const ScheduleEstimate probe = estimate_schedule(base_cfg, r.hardware, r.params, false);
+    const train::StepPlan sp = train::make_step_plan(base_cfg, shape);
+    const StepBytes bytes =
+        calibrated_link_bytes(make_plan_model(base_cfg, sp, r.hardware.device, false), sp);
+    const double time = ratio * probe.compute_s - static_cast<double>(bytes.collectives) *
+                                                      r.hardware.network.latency_us * 1e-6;
+    if (ratio <= 0 || time <= 0 || bytes.bytes <= 0) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("--comm_compute_ratio {:g}: no bandwidth gives that ratio "
+                                "(compute {:.3g} s, {:.3g} bytes per step); give a ratio above "
+                                "0, or the network with --inter_node_gbps",
+                                ratio, probe.compute_s, bytes.bytes));
+    }
+    const double gbps = 8 * bytes.bytes / time / 1e9 / r.params.link_efficiency;
+    (r.num_nodes > 1 ? r.hardware.network.inter_node_gbps : r.hardware.network.intra_node_gbps) =
+        gbps;
+    r.hardware.network.source = fmt::format(
+        "set to comm/compute {:g} as epo bench --comm_compute_ratio does: {:.4g} Gbit/s {} for "
+        "{:.4g} MB per step",
+        ratio, gbps, r.num_nodes > 1 ? "between nodes" : "inside the node", bytes.bytes / 1e6);
+}
+
+// The verdict on the better overlap schedule, its reason, and a note when it does not fit.
+void judge(PlanResult& r) {
+    const ScheduleEstimate& base = r.runs.front();
+    const ScheduleEstimate* best = &r.runs[1];
+    for (const ScheduleEstimate& e : r.runs) {
+        if (e.overlap && !e.flex && *e.speedup > *best->speedup)
+            best = &e;
+    }
+    const double s = *best->speedup;
+    r.verdict = s >= 1.05 ? "pays" : s >= 0.98 ? "marginal" : "does not pay";
+    r.reason = fmt::format("{} {:.2f}x: {}", best->name, s, verdict_reason(r, base, *best));
+    const double capacity = r.hardware.device.memory_gb * 1e9;
+    if (static_cast<double>(best->peak_memory_bytes) > capacity) {
+        // On a GPU stack the estimate is the epo runtime's layout (f32 hand-offs, no
+        // recomputation), an upper bound for Megatron-Core's.
+        r.notes.push_back(fmt::format(
+            "{} needs {:.1f} GB per rank by the epo runtime's memory estimate, more than the "
+            "{:g} GB of a {}: it does not fit as the epo runtime lays it out (a GPU stack's "
+            "recomputation and layout need less; check there)",
+            best->name, static_cast<double>(best->peak_memory_bytes) / 1e9,
+            r.hardware.device.memory_gb, r.hardware.device.id));
+    }
+}
+
 }  // namespace
 
 Replay replay_schedule(const std::vector<NodeCall>& calls,
@@ -261,31 +312,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.step_tokens =
         static_cast<double>(cfg.train.global_batch_size.value_or(0)) * cfg.model.seq_length;
 
-    if (options.comm_compute_ratio) {
-        // epo bench's calibration (bench/bench_run.h): B = bytes / (R C - n latency), from the
-        // baseline's compute C and the bytes of its collectives.
-        const double ratio = *options.comm_compute_ratio;
-        const ScheduleEstimate probe = estimate_schedule(base_cfg, r.hardware, r.params, false);
-        const train::StepPlan sp = train::make_step_plan(base_cfg, shape);
-        const StepBytes bytes =
-            calibrated_link_bytes(make_plan_model(base_cfg, sp, r.hardware.device, false), sp);
-        const double time = ratio * probe.compute_s - static_cast<double>(bytes.collectives) *
-                                                          r.hardware.network.latency_us * 1e-6;
-        if (ratio <= 0 || time <= 0 || bytes.bytes <= 0) {
-            throw Error(ErrorKind::kConfig,
-                        fmt::format("--comm_compute_ratio {:g}: no bandwidth gives that ratio "
-                                    "(compute {:.3g} s, {:.3g} bytes per step); give a ratio "
-                                    "above 0, or the network with --inter_node_gbps",
-                                    ratio, probe.compute_s, bytes.bytes));
-        }
-        const double gbps = 8 * bytes.bytes / time / 1e9 / r.params.link_efficiency;
-        (r.num_nodes > 1 ? r.hardware.network.inter_node_gbps
-                         : r.hardware.network.intra_node_gbps) = gbps;
-        r.hardware.network.source = fmt::format(
-            "set to comm/compute {:g} as epo bench --comm_compute_ratio does: {:.4g} Gbit/s "
-            "{} for {:.4g} MB per step",
-            ratio, gbps, r.num_nodes > 1 ? "between nodes" : "inside the node", bytes.bytes / 1e6);
-    }
+    if (options.comm_compute_ratio)
+        set_network_to_ratio(base_cfg, shape, *options.comm_compute_ratio, r);
 
     struct Variant {
         bool overlap, delay, flex;
@@ -310,25 +338,7 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     }
     r.overlap_speedup = r.runs[1].speedup;
 
-    const ScheduleEstimate* best = &r.runs[1];
-    for (const ScheduleEstimate& e : r.runs) {
-        if (e.overlap && !e.flex && *e.speedup > *best->speedup)
-            best = &e;
-    }
-    const double s = *best->speedup;
-    r.verdict = s >= 1.05 ? "pays" : s >= 0.98 ? "marginal" : "does not pay";
-    r.reason = fmt::format("{} {:.2f}x: {}", best->name, s, verdict_reason(r, base, *best));
-    const double capacity = r.hardware.device.memory_gb * 1e9;
-    if (static_cast<double>(best->peak_memory_bytes) > capacity) {
-        // On a GPU stack the estimate is the epo runtime's layout (f32 hand-offs, no
-        // recomputation), an upper bound for Megatron-Core's.
-        r.notes.push_back(fmt::format(
-            "{} needs {:.1f} GB per rank by the epo runtime's memory estimate, more than the "
-            "{:g} GB of a {}: it does not fit as the epo runtime lays it out (a GPU stack's "
-            "recomputation and layout need less; check there)",
-            best->name, static_cast<double>(best->peak_memory_bytes) / 1e9,
-            r.hardware.device.memory_gb, r.hardware.device.id));
-    }
+    judge(r);
     return r;
 }
 
