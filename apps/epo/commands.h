@@ -20,5 +20,6 @@ void add_launch_command(CLI::App& app);     // cmd_launch.cpp
 void add_train_command(CLI::App& app);      // cmd_train.cpp
 void add_bench_command(CLI::App& app);      // cmd_bench.cpp
 void add_check_run_command(CLI::App& app);  // cmd_check_run.cpp
+void add_plan_command(CLI::App& app);       // cmd_plan.cpp
 
 }  // namespace epo::cli

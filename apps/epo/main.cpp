@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
     epo::cli::add_train_command(app);
     epo::cli::add_bench_command(app);
     epo::cli::add_check_run_command(app);
+    epo::cli::add_plan_command(app);
 
     std::vector<std::string> args(argv + 1, argv + argc);
     args = epo::cli::normalize_harness_flags(args);

@@ -5,11 +5,12 @@
 
 namespace epo::schedule {
 
-double critical_path_seconds(const std::vector<NodeCall>& calls,
-                             const std::function<double(const NodeCall&)>& duration_s) {
+std::vector<CallSpan> critical_path_spans(
+    const std::vector<NodeCall>& calls, const std::function<double(const NodeCall&)>& duration_s) {
     double stream_free[2] = {0.0, 0.0};
     std::map<int, double> micro_batch_done, bucket_gathered;
-    double last = 0.0;
+    std::vector<CallSpan> spans;
+    spans.reserve(calls.size());
     for (const NodeCall& c : calls) {
         double& free = stream_free[stream_of(c.node) == StreamId::kCompute ? 0 : 1];
         double start = free;
@@ -23,8 +24,16 @@ double critical_path_seconds(const std::vector<NodeCall>& calls,
             bucket_gathered[c.layer] = end;
         if (!is_side_branch(c.node))
             micro_batch_done[c.micro_batch] = end;
-        last = std::max(last, end);
+        spans.push_back({start, end});
     }
+    return spans;
+}
+
+double critical_path_seconds(const std::vector<NodeCall>& calls,
+                             const std::function<double(const NodeCall&)>& duration_s) {
+    double last = 0.0;
+    for (const CallSpan& span : critical_path_spans(calls, duration_s))
+        last = std::max(last, span.end);
     return last;
 }
 

@@ -21,4 +21,12 @@ namespace epo::schedule {
 double critical_path_seconds(const std::vector<NodeCall>& calls,
                              const std::function<double(const NodeCall&)>& duration_s);
 
+// The same replay, call by call: spans[i] is when calls[i] starts and ends (the planner,
+// src/epo/plan/, reads which compute calls ran while the comm stream was busy).
+struct CallSpan {
+    double start = 0, end = 0;
+};
+std::vector<CallSpan> critical_path_spans(const std::vector<NodeCall>& calls,
+                                          const std::function<double(const NodeCall&)>& duration_s);
+
 }  // namespace epo::schedule

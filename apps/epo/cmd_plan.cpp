@@ -1,0 +1,184 @@
+// `epo plan`: predict, before launch, the step time of the baseline and the EP-overlap
+// schedules of a configuration on a GPU cluster (or this machine), and whether overlap pays
+// (docs/plan.md). Takes the configuration sources and harness flags of `epo validate` / `epo
+// bench`, validates first, then plans; `--calibrate kernels --out FILE` measures this machine's
+// kernels and writes a calibration file that `--calibration FILE` loads. Exit status: 0 planned,
+// 1 invalid configuration or hardware, 2 usage error.
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "epo/bench/bench_run.h"
+#include "epo/config/builder.h"
+#include "epo/config/validate.h"
+#include "epo/core/error.h"
+#include "epo/plan/calibration.h"
+#include "epo/plan/plan.h"
+#include "epo/plan/plan_report.h"
+#include "harness_flags.h"
+
+namespace epo::cli {
+namespace {
+
+struct PlanArgs {
+    std::vector<std::string> positional;
+    std::string model;
+    bool json = false;
+    double intra_node_gbps = 0, inter_node_gbps = 0, latency_us = 0;
+    double peak_bf16_tflops = 0, memory_tbps = 0, memory_gb = 0;
+    double comm_compute_ratio = 0;
+    std::string calibration;
+    std::string calibrate;
+    std::string out;
+    int calibrate_threads = 2;
+    HarnessFlags harness;
+    CLI::App* cmd = nullptr;
+};
+
+std::optional<double> given(const PlanArgs& a, const char* flag, double value) {
+    return a.cmd->count(flag) > 0 ? std::optional<double>(value) : std::nullopt;
+}
+
+void run_calibrate(const PlanArgs& args) {
+    if (args.calibrate != "kernels") {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--calibrate {}: the planner calibrates from kernel "
+                                "measurements on this machine; use --calibrate kernels",
+                                args.calibrate));
+    }
+    if (args.out.empty()) {
+        throw Error(ErrorKind::kUsage,
+                    "--calibrate kernels needs --out FILE (the calibration file to write)");
+    }
+    if (args.calibrate_threads < 1 || args.calibrate_threads > 256) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--calibrate_threads {} is outside 1..256: give the ranks per "
+                                "host of the job the plan is for",
+                                args.calibrate_threads));
+    }
+    // One OpenMP thread per measuring thread, as every rank runs (set before oneDNN starts).
+    setenv("OMP_NUM_THREADS", "1", 0);
+    const plan::Calibration c =
+        plan::calibrate_kernels({.num_threads = args.calibrate_threads}, std::cout);
+    plan::write_calibration(args.out, c);
+    std::cout << fmt::format(
+        "[plan] cpu: peak {:.3g} TFLOP/s, dgrad {:.2f}, wgrad {:.2f} of it, half at {:.0f}, "
+        "memory {:.3g} GB/s, element-wise kernels {:.2f} of it\n[plan] wrote {} ({})\n",
+        *c.peak_bf16_tflops, c.params.dgrad_efficiency, c.params.wgrad_efficiency,
+        c.params.gemm_half_dim, *c.memory_tbps * 1e3, c.params.elementwise_efficiency, args.out,
+        c.how);
+}
+
+void run_plan(const PlanArgs& args) {
+    if (!args.calibrate.empty()) {
+        run_calibrate(args);
+        return;
+    }
+    bool proxy = false;
+    const config::ConfigSources sources = bench::with_default_model(
+        config_sources(*args.cmd, args.model, args.positional, args.harness), &proxy);
+    const config::BuiltConfig built = config::build_config(sources);
+    // Errors before any work: the configuration as `epo validate` judges it.
+    const config::ValidationReport report = config::validate(built);
+    if (!report.ok()) {
+        if (args.json) {
+            std::cout << config::report_to_json(report).dump(
+                             2, ' ', false, nlohmann::json::error_handler_t::replace)
+                      << "\n";
+        } else {
+            std::cerr << "epo plan: the configuration is invalid:\n"
+                      << config::format_findings(report);
+        }
+        throw CLI::RuntimeError(1);
+    }
+    const config::Config& cfg = report.config;
+    plan::HardwareOverrides o{given(args, "--peak_bf16_tflops", args.peak_bf16_tflops),
+                              given(args, "--memory_tbps", args.memory_tbps),
+                              given(args, "--memory_gb", args.memory_gb),
+                              given(args, "--intra_node_gbps", args.intra_node_gbps),
+                              given(args, "--inter_node_gbps", args.inter_node_gbps),
+                              given(args, "--latency_us", args.latency_us)};
+    const bool network_given = o.intra_node_gbps || o.inter_node_gbps || o.latency_us;
+    plan::PlanOptions options;
+    options.hardware = plan::resolve_hardware(cfg.env.gpu, o);
+    options.params = plan::default_params(options.hardware.device);
+    if (!args.calibration.empty())
+        plan::apply_calibration(plan::read_calibration(args.calibration), options.hardware,
+                                options.params);
+    // On this machine, the link model the configuration sets (comm.link.*) is the network.
+    const config::LinkConfig& link = cfg.comm.link;
+    if (options.hardware.device.id == "cpu" && !network_given &&
+        (link.inter_node_gbps.value_or(0) > 0 || link.intra_node_gbps.value_or(0) > 0)) {
+        plan::NetworkSpec& n = options.hardware.network;
+        n.inter_node_gbps = link.inter_node_gbps.value_or(0) > 0 ? *link.inter_node_gbps : 1e6;
+        n.intra_node_gbps = link.intra_node_gbps.value_or(0) > 0 ? *link.intra_node_gbps : 1e6;
+        n.latency_us = link.latency_us.value_or(0);
+        n.source = "comm.link.* of the configuration (the link model)";
+        options.params.link_efficiency = 1;  // the link model holds exactly its time
+    }
+    options.comm_compute_ratio = given(args, "--comm_compute_ratio", args.comm_compute_ratio);
+    if (!options.comm_compute_ratio && proxy && !network_given)
+        options.comm_compute_ratio = 1;  // as epo bench calibrates its embedded proxy
+    const plan::PlanResult result = plan::make_plan(cfg, options);
+    if (args.json) {
+        std::cout << plan::plan_to_json(result).dump(2, ' ', false,
+                                                     nlohmann::json::error_handler_t::replace)
+                  << "\n";
+    } else {
+        std::cout << config::format_findings(report) << plan::format_plan(result);
+    }
+    std::cout.flush();
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+    auto args = std::make_shared<PlanArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "plan",
+        "Predict, before launch, the step time of the baseline, overlap and overlap + delayed "
+        "wgrad schedules on a GPU cluster (env.gpu, network flags) or this machine, and whether "
+        "EP overlap pays. Uses the runtime's own schedules and two-stream replay. Without "
+        "--model: epo bench's embedded proxy. Exit status: 0 planned, 1 invalid, 2 usage error.");
+    args->cmd = cmd;
+    cmd->add_option("config_and_overrides", args->positional,
+                    "CONFIG.yaml, then KEY=VALUE overrides (env.gpu=h100, ...); later ones win");
+    cmd->add_option("--model", args->model, "start from a recipe: " + recipe_list());
+    cmd->add_flag("--json", args->json,
+                  "print one JSON object: runs, overlap_speedup, verdict (as epo bench's "
+                  "metrics.json where they overlap)");
+    cmd->add_option("--intra_node_gbps", args->intra_node_gbps,
+                    "per-GPU bandwidth inside a node, Gbit/s each way (default per device: "
+                    "NVLink)");
+    cmd->add_option("--inter_node_gbps", args->inter_node_gbps,
+                    "per-GPU NIC bandwidth between nodes, Gbit/s each way (default 400)");
+    cmd->add_option("--latency_us", args->latency_us, "per-collective latency, us (default 10)");
+    cmd->add_option("--peak_bf16_tflops", args->peak_bf16_tflops,
+                    "the device's dense bf16 TFLOP/s (default: its datasheet figure)");
+    cmd->add_option("--memory_tbps", args->memory_tbps, "the device's memory bandwidth, TB/s");
+    cmd->add_option("--memory_gb", args->memory_gb, "the device's memory, GB");
+    cmd->add_option("--comm_compute_ratio", args->comm_compute_ratio,
+                    "set the network so the baseline's communication takes R times its compute, "
+                    "as epo bench --comm_compute_ratio does (default 1 for the embedded proxy)");
+    cmd->add_option("--calibration", args->calibration,
+                    "load the efficiency parameters (and cpu figures) from FILE");
+    cmd->add_option("--calibrate", args->calibrate,
+                    "kernels: measure this machine's products and element-wise kernels, write "
+                    "--out FILE, plan nothing");
+    cmd->add_option("--out", args->out, "the calibration file --calibrate writes");
+    cmd->add_option("--calibrate_threads", args->calibrate_threads,
+                    "threads measuring at once (the ranks per host of the planned job; default "
+                    "2)");
+    add_harness_flags(*cmd, args->harness);
+    cmd->footer(
+        "Examples:\n"
+        "  epo plan --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=h100\n"
+        "  epo plan --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=b200 "
+        "--inter_node_gbps 800 --json\n"
+        "  epo plan --calibrate kernels --out cpu.json && epo plan --calibration cpu.json "
+        "--comm_compute_ratio 2");
+    cmd->callback([args] { run_plan(*args); });
+}
+
+}  // namespace epo::cli

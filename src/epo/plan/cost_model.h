@@ -1,0 +1,138 @@
+// The cost of one node call (docs/plan.md "How it predicts"): what the call does, from the model
+// shape and the layout (its matrix products, the bytes its element-wise work touches, the bytes
+// its collectives move on each link), and how long that takes on the hardware.
+//
+//   compute  t = sum over products of 2 m n k / (peak * eff_p(min(m, n, k)))
+//              + kernel bytes / (memory bandwidth * elementwise_efficiency)
+//              + streaming bytes / (memory bandwidth * memory_efficiency)
+//              + node_overhead_us
+//            eff_p(x) = e_p * x / (x + gemm_half_dim)   (small products run slower), e_p the
+//            pass's efficiency: gemm_efficiency for forward products, dgrad_efficiency for input
+//            gradients (and core attention's backward), wgrad_efficiency for weight gradients
+//            (their layouts differ: on a CPU the weight gradient's transposed, f32-accumulating
+//            product is the slowest)
+//   comm     t = the link model's (comm/link_model.h) time of the call's intra- and inter-node
+//              bytes at link_efficiency x the nominal bandwidths, + one latency per collective
+//   overlap  a call that runs while the other stream is busy takes
+//              t * (1 + overlap_slowdown * the other stream's busy share of its span)
+//            (plan.h applies it): compute and communication kernels share the GPU's SMs and
+//            memory. Default from the SMs the communication kernels hold: s = n / (SMs - n),
+//            n = 32 for NCCL's all-to-all (its default maximum of 32 channels, one block each),
+//            24 for flex (DeepEP's default of 24 SMs); on cpu 0 (the link model's waiting thread
+//            sleeps)
+//
+// Work per micro-batch and rank (letters as in model/gpt_model.h; T tokens, R = T k routed rows,
+// uniform routing: every rank receives R rows, each local expert R / E_local):
+//   pre_dispatch  qkv (T, W, H), proj (T, H, A d), router (T, E, H); core attention B A times
+//                 (S, S, d) and (S, d, S) at the device's attention_fraction; element-wise: norms,
+//                 q/k preparation, softmax over the scores, the routed rows' permutation
+//   mlp           MoE: E_local x [(R/E_local, 2F, H), (R/E_local, H, F)] (+ shared expert); dense
+//                 (T, 2F, H), (T, H, F); element-wise: activation, sort and unpermute
+//   output        (T, V, H); element-wise: final norm, softmax and loss over (T, V)
+//   dispatch      the count exchange and the rows (H c + 4 bytes each: row and probability) to
+//                 the other EP ranks: R (EP-1)/EP rows, split by node; combine: the rows back
+//                 (H c); backward: the same bytes the other way
+//   flex          (docs/flex.md) a token crosses to each other node once: (N-1)(1 - C(E-E/N, k) /
+//                 C(E, k)) inter-node copies per token, then fans out inside the node
+//   grad_reduce   a bucket's fp32 gradients over the data-parallel group: reduce-scatter
+//                 (distributed optimizer) sends bytes (G-1)/G, all-reduce twice that
+//   param_gather  the bucket's parameters in the compute dtype, all-gather: bytes (G-1)/G
+// A backward computes twice the forward's products (input and weight gradients) and touches
+// twice its element-wise bytes; with delayed weight gradients the backward keeps the input
+// gradients (weights' products once, core attention twice) and backward_dw the rest.
+//
+// Deliberately not modelled: tensor or context parallelism (epo plan refuses TP, CP > 1), load
+// imbalance between experts, kernel fusion beyond what the byte counts say.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epo/comm/link_model.h"
+#include "epo/config/config.h"
+#include "epo/model/gpt_model.h"
+#include "epo/plan/hardware.h"
+#include "epo/schedule/schedule.h"
+#include "epo/train/step_plan.h"
+
+namespace epo::plan {
+
+// The efficiency parameters (the calibration). Defaults per device family: default_params().
+struct CostParams {
+    double gemm_efficiency = 0.7;    // share of peak a large forward product reaches
+    double dgrad_efficiency = 0.7;   // ... an input-gradient product
+    double wgrad_efficiency = 0.7;   // ... a weight-gradient product
+    double gemm_half_dim = 64;       // smallest product dimension at which it reaches half that
+    double memory_efficiency = 0.7;  // share of memory bandwidth streaming loops reach (Adam)
+    // ... element-wise kernels reach (norms, softmax, activation, permutations: on a CPU their
+    // exp() and gathers keep them well below a streaming loop)
+    double elementwise_efficiency = 0.7;
+    double link_efficiency = 0.8;      // share of nominal link bandwidth a collective reaches
+    double overlap_slowdown = 0;       // alltoall: a call slows by this while the other stream runs
+    double flex_overlap_slowdown = 0;  // the same with the flex dispatcher's kernels
+    double node_overhead_us = 0;       // fixed cost of every compute node call
+    std::string source;                // "defaults for h100", "calibration FILE", ...
+};
+
+// The figures docs/plan.md states for each family.
+CostParams default_params(const DeviceSpec& device);
+
+enum class GemmPass { kForward, kDgrad, kWgrad };
+
+struct Gemm {
+    double m = 0, n = 0, k = 0;
+    double count = 1;
+    GemmPass pass = GemmPass::kForward;
+};
+
+// What one call does.
+struct NodeWork {
+    std::vector<Gemm> gemms;
+    double elementwise_bytes = 0;  // element-wise kernels
+    double stream_bytes = 0;       // streaming loops
+    comm::ByteCounts bytes;        // per rank, symmetric under uniform routing
+    int num_collectives = 0;
+};
+
+// Everything a call's work depends on, from the finalized configuration and its step plan.
+struct PlanModel {
+    model::GptShape shape;      // EP rank 0 (uniform routing: every rank alike)
+    int64_t compute_bytes = 2;  // c: bytes of the compute dtype
+    int ep_size = 1;
+    int ep_ranks_per_node = 1;  // EP ranks that share a node
+    int num_nodes = 1;
+    bool flex = false;  // deduplicated dispatch (docs/flex.md)
+    double attention_fraction = 0.5;
+    bool fused_attention = true;
+    int dp_size = 1, edp_size = 1;
+    bool dp_crosses_nodes = false, edp_crosses_nodes = false;
+    bool distributed_optimizer = false;
+    // Per bucket of the step plan: the fp32 gradient bytes of its dense and expert parameters.
+    std::vector<int64_t> bucket_dense_bytes, bucket_expert_bytes;
+};
+
+// `plan` is make_step_plan's for `cfg` (any schedule: the buckets are the same).
+PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
+                          const DeviceSpec& device, bool flex);
+
+NodeWork node_work(const PlanModel& model, const schedule::NodeCall& call);
+
+double compute_seconds(const NodeWork& work, const DeviceSpec& device, const CostParams& params);
+double comm_seconds(const NodeWork& work, const NetworkSpec& network, const CostParams& params);
+// Either, by the call's stream.
+double call_seconds(const PlanModel& model, const schedule::NodeCall& call, const Hardware& hw,
+                    const CostParams& params);
+
+// Inter-node copies per token under per-node deduplication: (N-1)(1 - C(E-E/N, k)/C(E, k)).
+double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes);
+
+// The optimizer step (after every call, on the compute stream): Adam over this rank's shard,
+// the reductions the schedule did not bucket, the loss and grad-norm all-reduces.
+struct OptimizerWork {
+    double elementwise_bytes = 0;
+    NodeWork collectives;
+};
+OptimizerWork optimizer_work(const PlanModel& model, const train::StepPlan& plan);
+
+}  // namespace epo::plan

@@ -1,0 +1,345 @@
+#include "epo/plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "epo/config/finalize.h"
+#include "epo/config/memory_estimate.h"
+#include "epo/core/error.h"
+#include "epo/schedule/critical_path.h"
+#include "epo/train/flops.h"
+#include "epo/train/step_plan.h"
+
+namespace epo::plan {
+namespace {
+
+using schedule::NodeCall;
+using schedule::NodeKind;
+using schedule::StreamId;
+
+// Three replays: the first without slowdown, each later one slowing every call by the other
+// stream's busy share of its span in the previous one.
+constexpr int kReplayPasses = 3;
+
+int stream_index(const NodeCall& c) {
+    return schedule::stream_of(c.node) == StreamId::kCompute ? 0 : 1;
+}
+
+// Model FLOPs of one step over all ranks (train/flops.h), as the Trainer counts them.
+double step_flops(const model::GptShape& s, int64_t global_batch_size) {
+    int64_t num_moe_layers = 0;
+    for (bool m : s.moe_layers)
+        num_moe_layers += m;
+    const train::FlopsShape flops{.num_layers = s.num_layers,
+                                  .num_moe_layers = num_moe_layers,
+                                  .hidden_size = s.hidden,
+                                  .ffn_hidden_size = s.ffn_hidden,
+                                  .moe_ffn_hidden_size = s.moe.ffn_hidden_size,
+                                  .moe_shared_expert_intermediate_size = s.moe.shared_expert_size,
+                                  .moe_router_topk = s.moe.topk,
+                                  .num_attention_heads = s.attn.num_heads,
+                                  .num_query_groups = s.attn.num_groups,
+                                  .kv_channels = s.attn.head_dim,
+                                  .seq_length = s.seq_length,
+                                  .vocab_size = s.vocab};
+    return train::model_flops(flops, global_batch_size);
+}
+
+// The runtime's estimate (config/memory_estimate.h), less what fused attention never holds: the
+// probabilities c B A S^2 of every layer of every micro-batch in flight, and the (4 + c) S^2
+// score scratch of one sequence.
+int64_t peak_memory(const config::Config& cfg, const model::GptShape& s, const DeviceSpec& device) {
+    const config::MemoryEstimate m = config::estimate_rank_memory(cfg, config::world_size(cfg));
+    if (!device.fused_attention)
+        return m.total();
+    const int64_t c = cfg.model.bf16 ? 2 : 4;
+    const int64_t S2 = s.seq_length * s.seq_length;
+    const int64_t probs =
+        m.micro_batches_in_flight * s.num_layers * c * s.micro_batch_size * s.attn.num_heads * S2;
+    return std::max<int64_t>(0, m.total() - probs - (4 + c) * S2);
+}
+
+config::Config with_schedule(config::Config cfg, bool overlap, bool delay_wgrad) {
+    cfg.model.overlap_moe_expert_parallel_comm = overlap;
+    cfg.model.delay_wgrad_compute = delay_wgrad;
+    return cfg;
+}
+
+void check_plannable(const config::Config& cfg) {
+    const config::ModelConfig& m = cfg.model;
+    const auto refuse = [](const char* field, auto value, const char* fix) {
+        throw Error(ErrorKind::kConfig, fmt::format("epo plan: {} is {}; {}", field, value, fix));
+    };
+    if (m.tensor_model_parallel_size != 1)
+        refuse("model.tensor_model_parallel_size", m.tensor_model_parallel_size,
+               "the planner models TP = 1 (the runtime's schedules); set -tp 1");
+    if (m.context_parallel_size != 1)
+        refuse("model.context_parallel_size", m.context_parallel_size,
+               "the planner models CP = 1; set -cp 1");
+    if (m.pipeline_model_parallel_size != 1)
+        refuse("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
+               "the runtime's schedules are single-stage; set -pp 1");
+    if (m.multi_latent_attention)
+        refuse("model.multi_latent_attention", "true",
+               "the planner's attention is the runtime's (grouped-query); MLA (deepseek-v3) is "
+               "not modelled: plan a GQA model, or set model.multi_latent_attention=false for a "
+               "rough what-if");
+    if (m.mtp_num_layers.value_or(0) > 0)
+        refuse("model.mtp_num_layers", *m.mtp_num_layers,
+               "multi-token prediction layers are not modelled; set model.mtp_num_layers=null");
+    if (!config::is_moe(m))
+        refuse("model.num_moe_experts", 0,
+               "the model has no experts, so there is no EP communication to overlap; plan an "
+               "MoE model");
+    if (config::world_size(cfg) <= 0) {
+        throw Error(ErrorKind::kConfig,
+                    "epo plan: no topology stated (comm.num_nodes x comm.gpus_per_node); give "
+                    "--num_nodes and --gpus_per_node, e.g. --num_nodes 2 --gpus_per_node 8");
+    }
+}
+
+// The bytes a step's collectives move on the link `epo bench`'s calibration sets (inter-node,
+// or intra-node on one node), and how many collectives carry them.
+struct StepBytes {
+    double bytes = 0;
+    int64_t collectives = 0;
+};
+StepBytes calibrated_link_bytes(const PlanModel& pm, const train::StepPlan& sp) {
+    StepBytes out;
+    const bool inter = pm.num_nodes > 1;
+    const auto add = [&](const NodeWork& w) {
+        out.bytes += static_cast<double>(inter ? std::max(w.bytes.inter_sent, w.bytes.inter_recv)
+                                               : std::max(w.bytes.intra_sent, w.bytes.intra_recv));
+        out.collectives += w.num_collectives;
+    };
+    for (const NodeCall& c : sp.calls) {
+        if (schedule::stream_of(c.node) == StreamId::kComm)
+            add(node_work(pm, c));
+    }
+    add(optimizer_work(pm, sp).collectives);
+    return out;
+}
+
+std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
+                           const ScheduleEstimate& best) {
+    const double share = base.step_time_s > 0 ? base.exposed_comm_s / base.step_time_s : 0;
+    if (share < 0.1) {
+        return fmt::format(
+            "communication is {:.0f}% of the baseline step ({:.3g} s of {:.3g} s): "
+            "little to hide",
+            100 * share, base.exposed_comm_s, base.step_time_s);
+    }
+    if (r.num_micro_batches <= 2) {
+        return fmt::format(
+            "{} micro-batches per step: the unpaired first forward and last backward leave "
+            "{:.3g} s of the baseline's {:.3g} s communication exposed (more micro-batches per "
+            "rank hide more)",
+            r.num_micro_batches, best.exposed_comm_s, base.exposed_comm_s);
+    }
+    const double a2a_compute = base.compute_s - base.optimizer_s;
+    if (base.alltoall_s > 1.5 * a2a_compute) {
+        return fmt::format(
+            "the all-to-alls ({:.3g} s) outlast the compute they pair with "
+            "({:.3g} s): the compute stream waits for them anyway",
+            base.alltoall_s, a2a_compute);
+    }
+    return fmt::format(
+        "{} hides {:.3g} s of the baseline's {:.3g} s exposed communication "
+        "behind the other micro-batch's compute",
+        best.name, base.exposed_comm_s - best.exposed_comm_s, base.exposed_comm_s);
+}
+
+// epo bench's link calibration (bench/bench_run.h): B = bytes / (R C - n latency), from the
+// baseline's compute C and the bytes of its collectives, on the inter-node link (intra-node on
+// one node).
+void set_network_to_ratio(const config::Config& base_cfg, const model::GptShape& shape,
+                          double ratio, PlanResult& r) {
+    const ScheduleEstimate probe = estimate_schedule(base_cfg, r.hardware, r.params, false);
+    const train::StepPlan sp = train::make_step_plan(base_cfg, shape);
+    const StepBytes bytes =
+        calibrated_link_bytes(make_plan_model(base_cfg, sp, r.hardware.device, false), sp);
+    const double time = ratio * probe.compute_s - static_cast<double>(bytes.collectives) *
+                                                      r.hardware.network.latency_us * 1e-6;
+    if (ratio <= 0 || time <= 0 || bytes.bytes <= 0) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("--comm_compute_ratio {:g}: no bandwidth gives that ratio "
+                                "(compute {:.3g} s, {:.3g} bytes per step); give a ratio above "
+                                "0, or the network with --inter_node_gbps",
+                                ratio, probe.compute_s, bytes.bytes));
+    }
+    const double gbps = 8 * bytes.bytes / time / 1e9 / r.params.link_efficiency;
+    (r.num_nodes > 1 ? r.hardware.network.inter_node_gbps : r.hardware.network.intra_node_gbps) =
+        gbps;
+    r.hardware.network.source = fmt::format(
+        "set to comm/compute {:g} as epo bench --comm_compute_ratio does: {:.4g} Gbit/s {} for "
+        "{:.4g} MB per step",
+        ratio, gbps, r.num_nodes > 1 ? "between nodes" : "inside the node", bytes.bytes / 1e6);
+}
+
+// The verdict on the better overlap schedule, its reason, and a note when it does not fit.
+void judge(PlanResult& r) {
+    const ScheduleEstimate& base = r.runs.front();
+    const ScheduleEstimate* best = &r.runs[1];
+    for (const ScheduleEstimate& e : r.runs) {
+        if (e.overlap && !e.flex && *e.speedup > *best->speedup)
+            best = &e;
+    }
+    const double s = *best->speedup;
+    r.verdict = s >= 1.05 ? "pays" : s >= 0.98 ? "marginal" : "does not pay";
+    r.reason = fmt::format("{} {:.2f}x: {}", best->name, s, verdict_reason(r, base, *best));
+    const double capacity = r.hardware.device.memory_gb * 1e9;
+    if (static_cast<double>(best->peak_memory_bytes) > capacity) {
+        // On a GPU stack the estimate is the epo runtime's layout (f32 hand-offs, no
+        // recomputation), an upper bound for Megatron-Core's.
+        r.notes.push_back(fmt::format(
+            "{} needs {:.1f} GB per rank by the epo runtime's memory estimate, more than the "
+            "{:g} GB of a {}: it does not fit as the epo runtime lays it out (a GPU stack's "
+            "recomputation and layout need less; check there)",
+            best->name, static_cast<double>(best->peak_memory_bytes) / 1e9,
+            r.hardware.device.memory_gb, r.hardware.device.id));
+    }
+}
+
+}  // namespace
+
+Replay replay_schedule(const std::vector<NodeCall>& calls,
+                       const std::function<double(const NodeCall&)>& base_s,
+                       double overlap_slowdown) {
+    std::vector<double> base(calls.size()), now(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i)
+        base[i] = now[i] = base_s(calls[i]);
+    // The replay passes each call by reference into `calls`: its index is its offset.
+    const auto duration = [&](const NodeCall& c) {
+        return now[static_cast<size_t>(&c - calls.data())];
+    };
+    std::vector<schedule::CallSpan> spans;
+    for (int pass = 0; pass < kReplayPasses; ++pass) {
+        spans = schedule::critical_path_spans(calls, duration);
+        if (overlap_slowdown == 0 || pass + 1 == kReplayPasses)
+            break;
+        // Each stream's busy intervals, in order (one stream's calls do not overlap).
+        std::vector<schedule::CallSpan> busy[2];
+        for (size_t i = 0; i < calls.size(); ++i) {
+            if (spans[i].end > spans[i].start)
+                busy[stream_index(calls[i])].push_back(spans[i]);
+        }
+        for (size_t i = 0; i < calls.size(); ++i) {
+            const std::vector<schedule::CallSpan>& other = busy[1 - stream_index(calls[i])];
+            const schedule::CallSpan s = spans[i];
+            // First interval of the other stream that ends after this call starts.
+            auto it =
+                std::upper_bound(other.begin(), other.end(), s.start,
+                                 [](double t, const schedule::CallSpan& b) { return t < b.end; });
+            double shared = 0;
+            for (; it != other.end() && it->start < s.end; ++it)
+                shared += std::min(s.end, it->end) - std::max(s.start, it->start);
+            const double length = s.end - s.start;
+            now[i] = base[i] * (1 + overlap_slowdown * (length > 0 ? shared / length : 0));
+        }
+    }
+    Replay r;
+    r.durations_s = now;
+    for (size_t i = 0; i < calls.size(); ++i) {
+        r.end_s = std::max(r.end_s, spans[i].end);
+        (schedule::stream_of(calls[i].node) == StreamId::kCompute ? r.compute_s : r.comm_s) +=
+            now[i];
+    }
+    return r;
+}
+
+ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw,
+                                   const CostParams& params, bool flex) {
+    const model::GptShape shape =
+        model::gpt_shape_from_config(cfg, std::max(1, cfg.model.expert_model_parallel_size), 0);
+    const train::StepPlan sp = train::make_step_plan(cfg, shape);
+    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex);
+    const Replay r = replay_schedule(
+        sp.calls, [&](const NodeCall& c) { return call_seconds(pm, c, hw, params); },
+        flex ? params.flex_overlap_slowdown : params.overlap_slowdown);
+    const OptimizerWork opt = optimizer_work(pm, sp);
+    NodeWork opt_compute;
+    opt_compute.stream_bytes = opt.elementwise_bytes;
+
+    ScheduleEstimate e;
+    e.overlap = cfg.model.overlap_moe_expert_parallel_comm;
+    e.delay_wgrad = e.overlap && cfg.model.delay_wgrad_compute;
+    e.flex = flex;
+    e.name = std::string(flex ? "flex" : "") + (flex && e.overlap ? "+" : "") +
+             (e.overlap ? (e.delay_wgrad ? "overlap+delay_wgrad" : "overlap")
+                        : (flex ? "" : "baseline"));
+    e.optimizer_s = compute_seconds(opt_compute, hw.device, params) +
+                    comm_seconds(opt.collectives, hw.network, params);
+    e.step_time_s = r.end_s + e.optimizer_s;
+    e.compute_s = r.compute_s + e.optimizer_s;
+    e.comm_s = r.comm_s;
+    e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
+    for (size_t i = 0; i < sp.calls.size(); ++i) {
+        const NodeCall& c = sp.calls[i];
+        if (c.node == NodeKind::kDispatch || c.node == NodeKind::kCombine)
+            e.alltoall_s += r.durations_s[i];
+        e.node_seconds[schedule::is_side_branch(c.node)
+                           ? std::string(schedule::node_name(c.node))
+                           : fmt::format("{}.{}", schedule::node_name(c.node),
+                                         schedule::phase_name(c.phase))] += r.durations_s[i];
+    }
+    e.node_seconds["optimizer_step"] = e.optimizer_s;
+    const int64_t world = config::world_size(cfg);
+    e.tokens_per_s = static_cast<double>(cfg.train.global_batch_size.value_or(0)) *
+                     cfg.model.seq_length / e.step_time_s;
+    e.tflops_per_gpu =
+        step_flops(shape, cfg.train.global_batch_size.value_or(0)) / e.step_time_s / world / 1e12;
+    e.peak_memory_bytes = peak_memory(cfg, shape, hw.device);
+    e.num_calls = sp.calls.size();
+    return e;
+}
+
+PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
+    check_plannable(cfg);
+    PlanResult r;
+    r.model = cfg.recipe.value_or("config");
+    r.world_size = config::world_size(cfg);
+    r.num_nodes = config::num_nodes(cfg.comm);
+    r.gpus_per_node = config::gpus_per_node(cfg.comm);
+    r.ep_size = cfg.model.expert_model_parallel_size;
+    r.dp_size = static_cast<int>(r.world_size / config::model_parallel_size(cfg.model));
+    r.num_micro_batches = config::num_microbatches(cfg);
+    r.hardware = options.hardware;
+    r.params = options.params;
+    const config::Config base_cfg = with_schedule(cfg, false, false);
+    const model::GptShape shape = model::gpt_shape_from_config(cfg, std::max(1, r.ep_size), 0);
+    r.step_flops = step_flops(shape, cfg.train.global_batch_size.value_or(0));
+    r.step_tokens =
+        static_cast<double>(cfg.train.global_batch_size.value_or(0)) * cfg.model.seq_length;
+
+    if (options.comm_compute_ratio)
+        set_network_to_ratio(base_cfg, shape, *options.comm_compute_ratio, r);
+
+    struct Variant {
+        bool overlap, delay, flex;
+    };
+    std::vector<Variant> variants = {
+        {false, false, false}, {true, false, false}, {true, true, false}};
+    const bool flex = cfg.model.moe_token_dispatcher_type == config::DispatcherType::kFlex;
+    if (flex) {
+        variants.push_back({false, false, true});
+        variants.push_back({true, true, true});
+        r.notes.push_back(
+            "flex rows: planned from the deduplicated inter-node bytes (docs/flex.md); this "
+            "build's runtime has no flex dispatcher (RT017), it lands separately");
+    }
+    for (const Variant& v : variants)
+        r.runs.push_back(estimate_schedule(with_schedule(cfg, v.overlap, v.delay), r.hardware,
+                                           r.params, v.flex));
+    const ScheduleEstimate& base = r.runs.front();
+    for (ScheduleEstimate& e : r.runs) {
+        e.speedup = base.step_time_s / e.step_time_s;
+        e.extra_memory_bytes = e.peak_memory_bytes - base.peak_memory_bytes;
+    }
+    r.overlap_speedup = r.runs[1].speedup;
+
+    judge(r);
+    return r;
+}
+
+}  // namespace epo::plan

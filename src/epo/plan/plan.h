@@ -1,0 +1,95 @@
+// `epo plan` as a library function: the predicted step of each schedule of a finalized
+// configuration on given hardware, before anything runs (docs/plan.md).
+//
+// For each schedule (baseline, overlap, overlap+delay_wgrad as `epo bench` names them, and, with
+// the flex dispatcher selected, flex and flex+overlap+delay_wgrad): the runtime's own step plan
+// (train/step_plan.h: the node calls in issue order and the gradient / parameter buckets), each
+// call's duration from the cost model (cost_model.h), and the runtime's two-stream replay
+// (schedule/critical_path.h) for the step:
+//
+//   step     = replay end + optimizer step
+//   compute  = sum of compute-call durations + the optimizer step (the compute stream's busy time)
+//   comm     = sum of comm-call durations
+//   exposed  = step - compute (the compute stream waiting for the comm stream)
+//
+// Compute and communication sharing the device: each call takes base * (1 + overlap_slowdown *
+// the share of its span the other stream is busy), found by replaying three times (the spans
+// move as calls lengthen).
+//
+// Flex (docs/flex.md) is planned from its deduplicated inter-node bytes; the runtime has no flex
+// dispatcher yet (RT017), so those rows are predictions of a dispatcher this build cannot run.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epo/config/config.h"
+#include "epo/plan/cost_model.h"
+#include "epo/plan/hardware.h"
+
+namespace epo::plan {
+
+struct PlanOptions {
+    Hardware hardware;
+    CostParams params;
+    // Set the network as `epo bench --comm_compute_ratio R` sets its link model: one bandwidth
+    // (inter-node; intra-node on one node) so that the baseline's communication takes R times
+    // its compute.
+    std::optional<double> comm_compute_ratio;
+};
+
+struct ScheduleEstimate {
+    std::string name;  // "baseline", "overlap", "overlap+delay_wgrad", "flex", ...
+    bool overlap = false, delay_wgrad = false, flex = false;
+    double step_time_s = 0;
+    double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+    double alltoall_s = 0;   // of comm_s: dispatch and combine
+    double optimizer_s = 0;  // of compute_s
+    double tokens_per_s = 0, tflops_per_gpu = 0;
+    int64_t peak_memory_bytes = 0;   // config/memory_estimate.h, per rank
+    int64_t extra_memory_bytes = 0;  // over the baseline's
+    std::optional<double> speedup;   // baseline step / this step
+    size_t num_calls = 0;
+    // Seconds per step by node kind ("mlp.backward", "grad_reduce", ...: epo bench's `nodes`).
+    std::map<std::string, double> node_seconds;
+};
+
+struct PlanResult {
+    std::string model;  // recipe name or "config"
+    int64_t world_size = 0;
+    int num_nodes = 1, gpus_per_node = 1, ep_size = 1, dp_size = 1;
+    int64_t num_micro_batches = 0;
+    double step_flops = 0, step_tokens = 0;
+    Hardware hardware;  // as used (the ratio's bandwidth set)
+    CostParams params;
+    std::vector<ScheduleEstimate> runs;
+    std::optional<double> overlap_speedup;  // baseline / "overlap"
+    std::string verdict;                    // "pays", "marginal", "does not pay"
+    std::string reason;
+    std::vector<std::string> notes;  // memory that does not fit, flex runtime, ratio calibration
+};
+
+// The replay with the slowdown applied (the formulas above, before the optimizer step):
+// `base_s(call)` the call's duration alone.
+struct Replay {
+    double end_s = 0;      // the last call's end
+    double compute_s = 0;  // compute-call durations, slowed
+    double comm_s = 0;
+    std::vector<double> durations_s;  // per call, slowed
+};
+Replay replay_schedule(const std::vector<schedule::NodeCall>& calls,
+                       const std::function<double(const schedule::NodeCall&)>& base_s,
+                       double overlap_slowdown);
+
+// `cfg` finalized and valid, topology stated. kConfig for what the planner does not model
+// (TP or CP > 1, PP > 1, a model without experts), naming the field and the fix.
+PlanResult make_plan(const config::Config& cfg, const PlanOptions& options);
+
+// One schedule of `cfg` as it stands (its overlap flags as set), for tests and make_plan.
+ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hardware,
+                                   const CostParams& params, bool flex);
+
+}  // namespace epo::plan

@@ -1,0 +1,107 @@
+#include "epo/plan/plan_report.h"
+
+#include <fmt/format.h>
+
+namespace epo::plan {
+namespace {
+
+double gib(int64_t bytes) {
+    return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+}
+
+}  // namespace
+
+std::string format_plan(const PlanResult& r) {
+    const Hardware& hw = r.hardware;
+    std::string out = fmt::format(
+        "[plan] {}: {} ranks ({} nodes x {}), EP {}, DP {}, {} micro-batches per rank per step\n"
+        "[plan] device {}: {:g} TFLOP/s bf16, {:g} TB/s, {:g} GB ({})\n"
+        "[plan] network: {:g} Gbit/s inside a node, {:g} Gbit/s between nodes per GPU, latency "
+        "{:g} us ({})\n"
+        "[plan] efficiencies ({}): products {:.2f} / dgrad {:.2f} / wgrad {:.2f}, half at {:.0f}, "
+        "memory {:.2f} / element-wise {:.2f}, links {:.2f}, slowdown while overlapped {:.2f} (flex "
+        "{:.2f}), {:g} us per "
+        "node\n\n",
+        r.model, r.world_size, r.num_nodes, r.gpus_per_node, r.ep_size, r.dp_size,
+        r.num_micro_batches, hw.device.id, hw.device.peak_bf16_tflops, hw.device.memory_tbps,
+        hw.device.memory_gb, hw.device.source, hw.network.intra_node_gbps,
+        hw.network.inter_node_gbps, hw.network.latency_us, hw.network.source, r.params.source,
+        r.params.gemm_efficiency, r.params.dgrad_efficiency, r.params.wgrad_efficiency,
+        r.params.gemm_half_dim, r.params.memory_efficiency, r.params.elementwise_efficiency,
+        r.params.link_efficiency, r.params.overlap_slowdown, r.params.flex_overlap_slowdown,
+        r.params.node_overhead_us);
+    out += fmt::format("{:26s} {:>10s} {:>10s} {:>8s} {:>9s} {:>9s} {:>9s} {:>8s} {:>9s} {:>9s}\n",
+                       "schedule", "step s", "tokens/s", "TFLOP/s", "compute", "comm", "exposed",
+                       "speedup", "peak mem", "overlap");
+    out += fmt::format("{:26s} {:>10s} {:>10s} {:>8s} {:>9s} {:>9s} {:>9s} {:>8s} {:>9s} {:>9s}\n",
+                       "", "", "", "per GPU", "s", "s", "s", "", "GiB", "holds GiB");
+    for (const ScheduleEstimate& e : r.runs) {
+        out += fmt::format(
+            "{:26s} {:>10.4g} {:>10.0f} {:>8.4g} {:>9.4g} {:>9.4g} {:>9.4g} {:>7.2f}x {:>9.2f} "
+            "{:>9}\n",
+            e.name, e.step_time_s, e.tokens_per_s, e.tflops_per_gpu, e.compute_s, e.comm_s,
+            e.exposed_comm_s, e.speedup.value_or(1), gib(e.peak_memory_bytes),
+            e.name == "baseline" ? "-" : fmt::format("{:+.2f}", gib(e.extra_memory_bytes)));
+    }
+    out += fmt::format("\nverdict: EP overlap {}: {}\n", r.verdict, r.reason);
+    for (const std::string& note : r.notes)
+        out += "note: " + note + "\n";
+    return out;
+}
+
+nlohmann::ordered_json plan_to_json(const PlanResult& r) {
+    nlohmann::ordered_json j;
+    j["model"] = r.model;
+    j["world_size"] = r.world_size;
+    j["num_nodes"] = r.num_nodes;
+    j["gpus_per_node"] = r.gpus_per_node;
+    j["expert_model_parallel_size"] = r.ep_size;
+    j["num_micro_batches"] = r.num_micro_batches;
+    j["runs"] = nlohmann::ordered_json::array();
+    for (const ScheduleEstimate& e : r.runs) {
+        j["runs"].push_back({{"name", e.name},
+                             {"overlap_moe_expert_parallel_comm", e.overlap},
+                             {"delay_wgrad_compute", e.delay_wgrad},
+                             {"flex", e.flex},
+                             {"step_time_s", e.step_time_s},
+                             {"compute_s", e.compute_s},
+                             {"comm_s", e.comm_s},
+                             {"exposed_comm_s", e.exposed_comm_s},
+                             {"alltoall_s", e.alltoall_s},
+                             {"optimizer_s", e.optimizer_s},
+                             {"tokens_per_s", e.tokens_per_s},
+                             {"tflops_per_gpu", e.tflops_per_gpu},
+                             {"peak_memory_bytes", e.peak_memory_bytes},
+                             {"extra_memory_bytes", e.extra_memory_bytes},
+                             {"speedup_vs_baseline", e.speedup.value_or(1)},
+                             {"nodes_seconds_per_step", e.node_seconds}});
+    }
+    j["overlap_speedup"] = r.overlap_speedup ? nlohmann::ordered_json(*r.overlap_speedup) : nullptr;
+    j["verdict"] = {{"answer", r.verdict}, {"reason", r.reason}};
+    j["notes"] = r.notes;
+    const Hardware& hw = r.hardware;
+    j["hardware"] = {{"device", hw.device.id},
+                     {"peak_bf16_tflops", hw.device.peak_bf16_tflops},
+                     {"memory_tbps", hw.device.memory_tbps},
+                     {"memory_gb", hw.device.memory_gb},
+                     {"device_source", hw.device.source},
+                     {"intra_node_gbps", hw.network.intra_node_gbps},
+                     {"inter_node_gbps", hw.network.inter_node_gbps},
+                     {"latency_us", hw.network.latency_us},
+                     {"network_source", hw.network.source}};
+    const CostParams& p = r.params;
+    j["calibration"] = {{"source", p.source},
+                        {"gemm_efficiency", p.gemm_efficiency},
+                        {"dgrad_efficiency", p.dgrad_efficiency},
+                        {"wgrad_efficiency", p.wgrad_efficiency},
+                        {"gemm_half_dim", p.gemm_half_dim},
+                        {"memory_efficiency", p.memory_efficiency},
+                        {"elementwise_efficiency", p.elementwise_efficiency},
+                        {"link_efficiency", p.link_efficiency},
+                        {"overlap_slowdown", p.overlap_slowdown},
+                        {"flex_overlap_slowdown", p.flex_overlap_slowdown},
+                        {"node_overhead_us", p.node_overhead_us}};
+    return j;
+}
+
+}  // namespace epo::plan

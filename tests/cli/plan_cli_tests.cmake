@@ -1,0 +1,36 @@
+# `epo plan` (docs/plan.md): plans of the shipped recipes on GPU clusters, the JSON shape epo
+# bench's metrics.json shares, and the refusals: an invalid configuration before any planning,
+# bad hardware naming the flag and the fix, a calibration for another device.
+set(_epo_qwen_h100 --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=h100)
+epo_cli_test(plan_help 0 "--inter_node_gbps" "--calibrate" RUN plan --help)
+epo_cli_test(plan_h100 0 "^baseline +[0-9.]+" "^overlap\\+delay_wgrad +[0-9.]+"
+             "^verdict: EP overlap pays: overlap" "400 Gbit/s between nodes" RUN
+             plan ${_epo_qwen_h100})
+epo_cli_test(plan_json 0 "\"runs\":" "\"name\": \"overlap\\+delay_wgrad\""
+             "\"step_time_s\": [0-9.]+" "\"exposed_comm_s\"" "\"peak_memory_bytes\""
+             "\"overlap_speedup\": 1\\.[0-9]+" "\"verdict\": \\{" RUN
+             plan ${_epo_qwen_h100} --json)
+epo_cli_test(plan_flex 0 "^flex\\+overlap\\+delay_wgrad" "lands separately" RUN
+             plan ${_epo_qwen_h100} --moe_flex_dispatcher_backend hybridep)
+epo_cli_test(plan_two_micro_batches 0 "2 micro-batches per step: the unpaired first forward" RUN
+             plan ${_epo_qwen_h100} -gb 32)
+epo_cli_test(plan_b200 0 "device b200: 2250 TFLOP/s" "7200 Gbit/s inside a node" RUN
+             plan --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=b200)
+epo_cli_test(plan_proxy 0 "set to comm/compute 1 as epo bench" "^overlap " RUN plan)
+epo_cli_test(plan_invalid_config 1 "LY001" "cannot be split evenly" RUN
+             plan --model qwen3-30b-a3b -ep 12 --num_nodes 2 --gpus_per_node 8 env.gpu=h100)
+epo_cli_test(plan_bad_nic 1 "--inter_node_gbps=-1 is not a positive figure"
+             "e.g. 400 for a 400 Gbit/s InfiniBand NIC" RUN
+             plan ${_epo_qwen_h100} --inter_node_gbps -1)
+epo_cli_test(plan_bad_latency 1 "--latency_us=-3" "per-collective latency" RUN
+             plan ${_epo_qwen_h100} --latency_us -3)
+epo_cli_test(plan_unknown_device 1 "env.gpu = 'a100'" "h100, h200, b200, gb200, cpu" RUN
+             plan --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=a100)
+epo_cli_test(plan_no_topology 1 "give --num_nodes and --gpus_per_node" RUN
+             plan --model qwen3-30b-a3b -ep 16 env.gpu=h100)
+epo_cli_test(plan_tp 1 "model.tensor_model_parallel_size is 2" RUN
+             plan ${_epo_qwen_h100} -tp 2)
+epo_cli_test(plan_calibrate_what 2 "use --calibrate kernels" RUN plan --calibrate runs/x)
+epo_cli_test(plan_calibrate_no_out 2 "needs --out FILE" RUN plan --calibrate kernels)
+epo_cli_test(plan_missing_calibration 1 "cannot open the file" RUN
+             plan ${_epo_qwen_h100} --calibration /nonexistent/cal.json)

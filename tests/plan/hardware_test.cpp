@@ -1,0 +1,168 @@
+// The planner's hardware table and calibration files: datasheet figures resolved from env.gpu,
+// bad hardware descriptions refused with the field and the fix, calibration round trips and the
+// rate-curve fit.
+#include "epo/plan/hardware.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "epo/core/error.h"
+#include "epo/plan/calibration.h"
+
+namespace epo::plan {
+namespace {
+
+// The message of the kConfig / kUsage error `fn` raises ("" if none).
+template <typename Fn>
+std::string error_of(Fn&& fn, ErrorKind kind = ErrorKind::kConfig) {
+    try {
+        fn();
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), kind) << e.what();
+        return e.what();
+    }
+    return "";
+}
+
+TEST(PlanHardware, DevicesResolveFromEnvGpu) {
+    const Hardware hw = resolve_hardware("NVIDIA H100 80GB HBM3", {});
+    EXPECT_EQ(hw.device.id, "h100");
+    EXPECT_DOUBLE_EQ(hw.device.peak_bf16_tflops, 989);
+    EXPECT_DOUBLE_EQ(hw.network.inter_node_gbps, 400);
+    EXPECT_DOUBLE_EQ(hw.network.intra_node_gbps, 3600);
+    for (const char* id : {"h100", "h200", "b200", "gb200", "cpu"}) {
+        const Hardware d = resolve_hardware(id, {});
+        EXPECT_FALSE(d.device.source.empty()) << id;
+        EXPECT_FALSE(d.network.source.empty()) << id;
+    }
+    EXPECT_DOUBLE_EQ(resolve_hardware("b200", {}).network.intra_node_gbps, 7200);
+}
+
+TEST(PlanHardware, OverridesReplaceTheDefaults) {
+    HardwareOverrides o;
+    o.inter_node_gbps = 800;
+    o.latency_us = 0;
+    const Hardware hw = resolve_hardware("b200", o);
+    EXPECT_DOUBLE_EQ(hw.network.inter_node_gbps, 800);
+    EXPECT_DOUBLE_EQ(hw.network.latency_us, 0);
+    EXPECT_NE(hw.network.source.find("command line"), std::string::npos);
+}
+
+TEST(PlanHardware, UnknownDeviceNamesEnvGpuAndTheKnownOnes) {
+    const std::string m = error_of([] { resolve_hardware("a100", {}); });
+    EXPECT_NE(m.find("env.gpu = 'a100'"), std::string::npos) << m;
+    EXPECT_NE(m.find("h100, h200, b200, gb200, cpu"), std::string::npos) << m;
+    EXPECT_NE(m.find("--peak_bf16_tflops"), std::string::npos) << m;
+}
+
+TEST(PlanHardware, BadFiguresNameTheFlagValueAndFix) {
+    struct Case {
+        HardwareOverrides o;
+        const char* expect;
+        const char* fix;
+    };
+    HardwareOverrides nic, nvlink, peak, latency, nan_bw;
+    nic.inter_node_gbps = 0;
+    nvlink.intra_node_gbps = -5;
+    peak.peak_bf16_tflops = 1e9;
+    latency.latency_us = -1;
+    nan_bw.memory_tbps = std::nan("");
+    const Case cases[] = {
+        {nic, "--inter_node_gbps=0", "e.g. 400 for a 400 Gbit/s InfiniBand NIC"},
+        {nvlink, "--intra_node_gbps=-5", "e.g. 3600 for NVLink 4"},
+        {peak, "--peak_bf16_tflops=1e+09", "e.g. 989 for an H100"},
+        {latency, "--latency_us=-1", "e.g. 10 for NCCL"},
+        {nan_bw, "--memory_tbps=nan", "e.g. 3.35"},
+    };
+    for (const Case& c : cases) {
+        const std::string m = error_of([&] { resolve_hardware("h100", c.o); });
+        EXPECT_NE(m.find(c.expect), std::string::npos) << m;
+        EXPECT_NE(m.find(c.fix), std::string::npos) << m;
+    }
+}
+
+TEST(PlanCalibration, RoundTripsAndApplies) {
+    const auto path = std::filesystem::temp_directory_path() / "epo_plan_calibration_test.json";
+    Calibration c;
+    c.device = "cpu";
+    c.peak_bf16_tflops = 0.65;
+    c.memory_tbps = 0.004;
+    c.params.dgrad_efficiency = 0.8;
+    c.params.wgrad_efficiency = 0.6;
+    c.params.gemm_half_dim = 40;
+    c.how = "test";
+    write_calibration(path, c);
+    const Calibration back = read_calibration(path);
+    EXPECT_EQ(back.device, "cpu");
+    EXPECT_DOUBLE_EQ(*back.peak_bf16_tflops, 0.65);
+    EXPECT_DOUBLE_EQ(back.params.wgrad_efficiency, 0.6);
+    EXPECT_DOUBLE_EQ(back.params.gemm_half_dim, 40);
+    Hardware hw = resolve_hardware("cpu", {});
+    CostParams p;
+    apply_calibration(back, hw, p);
+    EXPECT_DOUBLE_EQ(hw.device.peak_bf16_tflops, 0.65);
+    EXPECT_DOUBLE_EQ(p.dgrad_efficiency, 0.8);
+    // A calibration of one device does not apply to another.
+    Hardware gpu = resolve_hardware("h100", {});
+    const std::string m = error_of([&] { apply_calibration(back, gpu, p); });
+    EXPECT_NE(m.find("the calibration is for env.gpu=cpu, the plan for env.gpu=h100"),
+              std::string::npos)
+        << m;
+    std::filesystem::remove(path);
+}
+
+TEST(PlanCalibration, MalformedFilesNameTheField) {
+    const auto path = std::filesystem::temp_directory_path() / "epo_plan_calibration_bad.json";
+    std::ofstream(path) << R"({"device": "cpu", "gemm_efficiency": "fast"})";
+    std::string m = error_of([&] { read_calibration(path); }, ErrorKind::kUsage);
+    EXPECT_NE(m.find("'gemm_efficiency' has the wrong type"), std::string::npos) << m;
+    std::ofstream(path) << R"({"device": "cpu"})";
+    m = error_of([&] { read_calibration(path); }, ErrorKind::kUsage);
+    EXPECT_NE(m.find("field 'gemm_efficiency' is missing"), std::string::npos) << m;
+    std::filesystem::remove(path);
+    m = error_of([&] { read_calibration(path); }, ErrorKind::kIo);
+    EXPECT_NE(m.find("--calibrate kernels"), std::string::npos) << m;
+}
+
+TEST(PlanCalibration, FitRecoversTheRateCurve) {
+    // rate = 700 x / (x + 50): exactly the model's shape.
+    std::vector<double> x = {64, 128, 256, 512, 1024}, rate;
+    for (double v : x)
+        rate.push_back(700 * v / (v + 50));
+    const RateCurve c = fit_rate_curve(x, rate);
+    EXPECT_NEAR(c.peak, 700, 1e-6);
+    EXPECT_NEAR(c.half_dim, 50, 1e-6);
+}
+
+}  // namespace
+}  // namespace epo::plan
+
+namespace epo::plan {
+namespace {
+
+TEST(PlanCalibration, KernelMeasurementGivesAUsableCpuCalibration) {
+    // Short: one thread, 10 ms per product and pass. Only plausibility (timings are the
+    // machine's): positive figures, efficiencies a file accepts, and a plan that loads them.
+    std::ostringstream log;
+    const Calibration c = calibrate_kernels({.num_threads = 1, .seconds_per_measure = 0.01}, log);
+    EXPECT_EQ(c.device, "cpu");
+    EXPECT_GT(*c.peak_bf16_tflops, 0);
+    EXPECT_GT(*c.memory_tbps, 0);
+    EXPECT_GT(c.params.wgrad_efficiency, 0);
+    EXPECT_LE(c.params.elementwise_efficiency, 1);
+    EXPECT_NE(log.str().find("[plan] wgrad"), std::string::npos) << log.str();
+    const auto path = std::filesystem::temp_directory_path() / "epo_plan_kernels_test.json";
+    write_calibration(path, c);
+    Hardware hw = resolve_hardware("cpu", {});
+    CostParams p;
+    apply_calibration(read_calibration(path), hw, p);
+    EXPECT_DOUBLE_EQ(hw.device.peak_bf16_tflops, *c.peak_bf16_tflops);
+    std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace epo::plan

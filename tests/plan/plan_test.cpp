@@ -1,0 +1,218 @@
+// The planner (src/epo/plan/): its replay of a schedule with known durations against the time
+// worked out by hand, the cost of a node call against its formula, the plan of a shipped recipe
+// end to end (step = replay + optimizer, exposed = step - compute), and its refusals.
+#include "epo/plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "epo/config/builder.h"
+#include "epo/config/validate.h"
+#include "epo/core/error.h"
+#include "epo/schedule/critical_path.h"
+#include "epo/train/step_plan.h"
+
+namespace epo::plan {
+namespace {
+
+using schedule::NodeCall;
+using schedule::StreamId;
+
+double unit(const NodeCall& c) {
+    return schedule::stream_of(c.node) == StreamId::kComm ? 2.0 : 1.0;
+}
+
+// One MoE layer, 2 micro-batches, compute calls 1 s, comm calls 2 s.
+const schedule::ScheduleShape kTwoMicroBatches{2, {true}, false};
+
+TEST(PlanReplay, BaselineIsTheSerialSum) {
+    // Per micro-batch: embedding, pre_dispatch, mlp, output forward and backward = 8 compute
+    // calls (8 s), dispatch and combine forward and backward = 4 comm calls (8 s).
+    const Replay r = replay_schedule(schedule::baseline_schedule(kTwoMicroBatches), unit, 0);
+    EXPECT_DOUBLE_EQ(r.end_s, 32.0);
+    EXPECT_DOUBLE_EQ(r.compute_s, 16.0);
+    EXPECT_DOUBLE_EQ(r.comm_s, 16.0);
+}
+
+TEST(PlanReplay, OverlapEqualsTheHandComputedTime) {
+    // Worked out call by call (start = max(stream free, micro-batch's previous call done)):
+    //   mb0 forward alone            emb 0-1, pd 1-2, dispatch 2-4, mlp 4-5, combine 5-7, out 7-8
+    //   combined step (f = 1, b = 0) mb1 emb 8-9, mb0 out.b 9-10, mb0 combine.b 10-12,
+    //                                mb1 pd 10-11, mb0 mlp.b 12-13, mb1 dispatch 12-14,
+    //                                mb0 dispatch.b 14-16, mb1 mlp 14-15, mb1 combine 16-18,
+    //                                mb0 pd.b 16-17, mb1 out 18-19, mb0 emb.b 19-20
+    //   mb1 backward alone           out.b 20-21, combine.b 21-23, mlp.b 23-24, dispatch.b
+    //                                24-26, pd.b 26-27, emb.b 27-28
+    const auto calls = schedule::overlap_schedule(kTwoMicroBatches);
+    const Replay r = replay_schedule(calls, unit, 0);
+    EXPECT_DOUBLE_EQ(r.end_s, 28.0);
+    EXPECT_DOUBLE_EQ(r.compute_s, 16.0);
+    EXPECT_DOUBLE_EQ(r.comm_s, 16.0);
+    EXPECT_DOUBLE_EQ(r.end_s, schedule::critical_path_seconds(calls, unit));
+}
+
+TEST(PlanReplay, SlowdownOnlyWhereTheStreamsOverlap) {
+    // The baseline never runs both streams at once: no slowdown. In the overlap schedule the
+    // combined step's calls share the device: longer, still below the baseline here.
+    const auto base = replay_schedule(schedule::baseline_schedule(kTwoMicroBatches), unit, 0.5);
+    EXPECT_DOUBLE_EQ(base.end_s, 32.0);
+    const auto slowed = replay_schedule(schedule::overlap_schedule(kTwoMicroBatches), unit, 0.5);
+    EXPECT_GT(slowed.end_s, 28.0);
+    EXPECT_GT(slowed.compute_s, 16.0);
+    EXPECT_LT(slowed.end_s, 32.0);
+}
+
+TEST(PlanReplay, SlowdownOfOneOverlappedPairIsHandComputed) {
+    // Two micro-batches' independent calls on the two streams, 1 s and 2 s. Replay 1: spans 0-1
+    // and 0-2, overlapping for 1 s: compute 1 * (1 + 0.5 * 1/1) = 1.5, comm 2 * (1 + 0.5 * 1/2)
+    // = 2.5. Replay 2: spans 0-1.5 and 0-2.5, overlapping for 1.5 s: compute 1 * (1 + 0.5 *
+    // 1.5/1.5) = 1.5, comm 2 * (1 + 0.5 * 1.5/2.5) = 2.6. Replay 3 runs those: the end is 2.6.
+    const std::vector<NodeCall> calls = {
+        {0, 0, schedule::NodeKind::kMlp, schedule::Phase::kForward},
+        {1, 0, schedule::NodeKind::kDispatch, schedule::Phase::kForward}};
+    const Replay r = replay_schedule(calls, unit, 0.5);
+    EXPECT_DOUBLE_EQ(r.compute_s, 1.5);
+    EXPECT_DOUBLE_EQ(r.comm_s, 2.6);
+    EXPECT_DOUBLE_EQ(r.end_s, 2.6);
+}
+
+config::Config finalized(std::vector<std::string> overrides, int ep = 16, int nodes = 2,
+                         int per_node = 8) {
+    config::ConfigSources sources;
+    sources.model = "qwen3-30b-a3b";
+    sources.harness.num_nodes = nodes;
+    sources.harness.gpus_per_node = per_node;
+    sources.harness.expert_model_parallel_size = ep;
+    sources.overrides = std::move(overrides);
+    const config::ValidationReport report = config::validate(config::build_config(sources));
+    EXPECT_TRUE(report.ok());
+    return report.config;
+}
+
+Hardware h100() {
+    return resolve_hardware("h100", {});
+}
+
+TEST(PlanCost, ProductTimeFollowsTheEfficiencyCurve) {
+    // 2 m n k / (peak * e * x / (x + h)), x = min(m, n, k) = 128: 2 * 128 * 1024 * 4096 /
+    // (989e12 * 0.5 * 128 / 256) = 4.342e-6 s, plus the node overhead.
+    NodeWork w;
+    w.gemms = {{128, 1024, 4096}};
+    CostParams p;
+    p.gemm_efficiency = 0.5;
+    p.gemm_half_dim = 128;
+    p.node_overhead_us = 10;
+    const DeviceSpec d = h100().device;
+    EXPECT_NEAR(compute_seconds(w, d, p), 2.0 * 128 * 1024 * 4096 / (989e12 * 0.25) + 10e-6, 1e-12);
+    w.gemms[0].pass = GemmPass::kWgrad;
+    p.wgrad_efficiency = 0.25;
+    EXPECT_NEAR(compute_seconds(w, d, p), 2.0 * 128 * 1024 * 4096 / (989e12 * 0.125) + 10e-6,
+                1e-12);
+}
+
+TEST(PlanCost, DispatchMovesTheRoutedRowsByNode) {
+    // EP 16 over 2 nodes of 8: of a micro-batch's T k = 4096 * 8 rows, 7/16 go to this node's
+    // other ranks and 8/16 to the other node; a row is H c + 4 = 2048 * 2 + 4 bytes.
+    const config::Config cfg = finalized({});
+    const model::GptShape shape = model::gpt_shape_from_config(cfg, 16, 0);
+    const train::StepPlan sp = train::make_step_plan(cfg, shape);
+    const PlanModel m = make_plan_model(cfg, sp, h100().device, false);
+    const NodeWork w =
+        node_work(m, {0, 0, schedule::NodeKind::kDispatch, schedule::Phase::kForward});
+    EXPECT_EQ(w.bytes.inter_sent, static_cast<int64_t>(4096.0 * 8 * 8 / 16 * 4100));
+    EXPECT_EQ(w.bytes.intra_sent, static_cast<int64_t>(4096.0 * 8 * 7 / 16 * 4100));
+    EXPECT_EQ(w.num_collectives, 2);  // counts, then rows
+    // At link efficiency 1: the inter-node bytes over 400 Gbit/s, plus two latencies.
+    CostParams p;
+    p.link_efficiency = 1;
+    EXPECT_NEAR(comm_seconds(w, h100().network, p),
+                static_cast<double>(w.bytes.inter_sent) / 50e9 + 2 * 10e-6, 1e-12);
+}
+
+TEST(PlanCost, FlexDeduplicatesAsDocsFlexSays) {
+    // docs/flex.md: E = 256, k = 8: 1.0 remote copies per token on 2 nodes, 2.7 on 4, 4.6 on 8.
+    EXPECT_NEAR(flex_remote_copies(256, 8, 2), 1.0, 0.01);
+    EXPECT_NEAR(flex_remote_copies(256, 8, 4), 2.7, 0.05);
+    EXPECT_NEAR(flex_remote_copies(256, 8, 8), 4.6, 0.05);
+    EXPECT_EQ(flex_remote_copies(256, 8, 1), 0.0);
+}
+
+TEST(Plan, StepIsTheReplayPlusTheOptimizer) {
+    const config::Config cfg = finalized({});
+    const Hardware hw = h100();
+    CostParams p = default_params(hw.device);
+    p.overlap_slowdown = 0;  // the baseline's gradient buckets overlap its backward
+    const ScheduleEstimate e = estimate_schedule(cfg, hw, p, false);
+    const model::GptShape shape = model::gpt_shape_from_config(cfg, 16, 0);
+    const train::StepPlan sp = train::make_step_plan(cfg, shape);
+    const PlanModel m = make_plan_model(cfg, sp, hw.device, false);
+    const double replay = schedule::critical_path_seconds(
+        sp.calls, [&](const NodeCall& c) { return call_seconds(m, c, hw, p); });
+    EXPECT_NEAR(e.step_time_s, replay + e.optimizer_s, 1e-9 * replay);
+    EXPECT_NEAR(e.exposed_comm_s, e.step_time_s - e.compute_s, 1e-9);
+    EXPECT_EQ(e.name, "baseline");
+    EXPECT_EQ(e.num_calls, sp.calls.size());
+}
+
+TEST(Plan, ThreeSchedulesNamedAsEpoBenchNamesThem) {
+    const PlanResult r = make_plan(finalized({}), {h100(), default_params(h100().device), {}});
+    ASSERT_EQ(r.runs.size(), 3u);
+    EXPECT_EQ(r.runs[0].name, "baseline");
+    EXPECT_EQ(r.runs[1].name, "overlap");
+    EXPECT_EQ(r.runs[2].name, "overlap+delay_wgrad");
+    EXPECT_EQ(r.num_micro_batches, 64);
+    ASSERT_TRUE(r.overlap_speedup);
+    EXPECT_DOUBLE_EQ(*r.overlap_speedup, r.runs[0].step_time_s / r.runs[1].step_time_s);
+    EXPECT_GT(r.runs[1].extra_memory_bytes, 0);  // two micro-batches in flight
+    EXPECT_FALSE(r.verdict.empty());
+}
+
+TEST(Plan, FlexRowsWhenTheFlexDispatcherIsSelected) {
+    const config::Config cfg = finalized({"env.gpu=h100", "model.moe_token_dispatcher_type=flex",
+                                          "model.moe_flex_dispatcher_backend=hybridep",
+                                          "model.moe_shared_expert_overlap=false"});
+    const PlanResult r = make_plan(cfg, {h100(), default_params(h100().device), {}});
+    ASSERT_EQ(r.runs.size(), 5u);
+    EXPECT_EQ(r.runs[3].name, "flex");
+    EXPECT_EQ(r.runs[4].name, "flex+overlap+delay_wgrad");
+    EXPECT_LT(r.runs[3].comm_s, r.runs[0].comm_s);  // deduplicated inter-node bytes
+}
+
+TEST(Plan, FewerMicroBatchesGainLess) {
+    const Hardware hw = h100();
+    const PlanResult many = make_plan(finalized({}), {hw, default_params(hw.device), {}});
+    const PlanResult two =
+        make_plan(finalized({"train.global_batch_size=32"}), {hw, default_params(hw.device), {}});
+    EXPECT_EQ(two.num_micro_batches, 2);
+    EXPECT_LT(*two.overlap_speedup, *many.overlap_speedup);
+    EXPECT_NE(two.reason.find("2 micro-batches per step"), std::string::npos) << two.reason;
+}
+
+TEST(Plan, CommComputeRatioSetsTheLinkAsEpoBenchDoes) {
+    // The baseline's communication at the chosen bandwidth takes R times its compute.
+    config::Config cfg = finalized({"env.gpu=cpu"}, 2, 2, 1);
+    Hardware hw = resolve_hardware("cpu", {});
+    CostParams p = default_params(hw.device);
+    const PlanResult r = make_plan(cfg, {hw, p, 2.0});
+    EXPECT_NEAR(r.runs[0].comm_s / r.runs[0].compute_s, 2.0, 0.05);
+}
+
+TEST(Plan, RefusesWhatItDoesNotModel) {
+    const Hardware hw = h100();
+    try {
+        make_plan(finalized({"model.tensor_model_parallel_size=2"}),
+                  {hw, default_params(hw.device), {}});
+        FAIL() << "TP 2 was planned";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+        EXPECT_NE(std::string(e.what()).find("model.tensor_model_parallel_size is 2"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("-tp 1"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace epo::plan
