@@ -1,5 +1,6 @@
 #include "epo/comm/mpi_runtime.h"
 
+#include "epo/comm/rank_runner.h"
 #include "epo/core/error.h"
 
 namespace epo::comm {
@@ -125,16 +126,22 @@ int current_world_size() {
 int current_ranks_per_host() {
     if (!mpi_active())
         return 1;
-    // Ranks that can share memory are the ranks of one host (the launcher's node).
-    MPI_Comm host = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host),
-              "MPI_Comm_split_type for the ranks of this host");
+    // Ranks that can share memory are the ranks of one host (the launcher's node). Before the
+    // configuration is read, so bounded by comm.timeout_s's default.
     int local = 0;
-    MPI_Comm_size(host, &local);
-    MPI_Comm_free(&host);
-    int bounds[2] = {local, -local};
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
-              "MPI_Allreduce of the ranks per host");
+    int bounds[2] = {0, 0};
+    watched_world_call("finding the ranks of each host", kDefaultCommTimeoutS, [&] {
+        MPI_Comm host = MPI_COMM_NULL;
+        check_mpi(
+            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host),
+            "MPI_Comm_split_type for the ranks of this host");
+        MPI_Comm_size(host, &local);
+        MPI_Comm_free(&host);
+        bounds[0] = local;
+        bounds[1] = -local;
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+                  "MPI_Allreduce of the ranks per host");
+    });
     return bounds[0] == -bounds[1] ? local : 0;
 }
 

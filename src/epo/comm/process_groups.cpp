@@ -1,6 +1,7 @@
 #include "epo/comm/process_groups.h"
 
 #include "epo/comm/mpi_runtime.h"
+#include "epo/comm/rank_runner.h"
 #include "epo/core/error.h"
 
 namespace epo::comm {
@@ -94,11 +95,16 @@ std::unique_ptr<ProcessGroups> ProcessGroups::create(const ParallelLayout& layou
         return make_ep_subset(layout, peer, options, owner, watchdog, parent, world_rank);
     };
     // Creation order is fixed: MPI_Comm_split is collective over `parent` (braced initialisers
-    // evaluate left to right).
-    return std::unique_ptr<ProcessGroups>(
-        new ProcessGroups{layout, make(GroupKind::kWorld), make(GroupKind::kExpertParallel),
-                          make(GroupKind::kDataParallel), make(GroupKind::kExpertDataParallel),
-                          make(GroupKind::kNode), make_ep(false), make_ep(true)});
+    // evaluate left to right). A rank that never comes ends the job at comm.timeout_s.
+    std::unique_ptr<ProcessGroups> groups;
+    watched_world_call(fmt::format("creating the communicators of stream {}", owner),
+                       options.timeout_s, [&] {
+                           groups.reset(new ProcessGroups{
+                               layout, make(GroupKind::kWorld), make(GroupKind::kExpertParallel),
+                               make(GroupKind::kDataParallel), make(GroupKind::kExpertDataParallel),
+                               make(GroupKind::kNode), make_ep(false), make_ep(true)});
+                       });
+    return groups;
 }
 
 Communicator& ProcessGroups::group(GroupKind kind) {

@@ -53,6 +53,8 @@ int remove_stale_job_failure_markers(std::chrono::seconds max_age = std::chrono:
 // stops answering; this is what bounds it, as the Communicator's watchdog bounds its data phases.
 void watched_world_call(const std::string& what, double timeout_s,
                         const std::function<void()>& call);
+// comm.timeout_s's default, the bound of start-up calls made before the configuration is read.
+inline constexpr double kDefaultCommTimeoutS = 300;
 
 // Runs this rank's body; any exception ends the job through abort_job(). Returns 0.
 int run_rank(const std::function<void()>& body);
