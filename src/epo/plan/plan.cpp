@@ -26,26 +26,6 @@ int stream_index(const NodeCall& c) {
     return schedule::stream_of(c.node) == StreamId::kCompute ? 0 : 1;
 }
 
-// Model FLOPs of one step over all ranks (train/flops.h), as the Trainer counts them.
-double step_flops(const model::GptShape& s, int64_t global_batch_size) {
-    int64_t num_moe_layers = 0;
-    for (bool m : s.moe_layers)
-        num_moe_layers += m;
-    const train::FlopsShape flops{.num_layers = s.num_layers,
-                                  .num_moe_layers = num_moe_layers,
-                                  .hidden_size = s.hidden,
-                                  .ffn_hidden_size = s.ffn_hidden,
-                                  .moe_ffn_hidden_size = s.moe.ffn_hidden_size,
-                                  .moe_shared_expert_intermediate_size = s.moe.shared_expert_size,
-                                  .moe_router_topk = s.moe.topk,
-                                  .num_attention_heads = s.attn.num_heads,
-                                  .num_query_groups = s.attn.num_groups,
-                                  .kv_channels = s.attn.head_dim,
-                                  .seq_length = s.seq_length,
-                                  .vocab_size = s.vocab};
-    return train::model_flops(flops, global_batch_size);
-}
-
 // The runtime's estimate (config/memory_estimate.h), less what fused attention never holds: the
 // probabilities c B A S^2 of every layer of every micro-batch in flight, and the (4 + c) S^2
 // score scratch of one sequence.
@@ -287,8 +267,8 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
     const int64_t world = config::world_size(cfg);
     e.tokens_per_s = static_cast<double>(cfg.train.global_batch_size.value_or(0)) *
                      cfg.model.seq_length / e.step_time_s;
-    e.tflops_per_gpu =
-        step_flops(shape, cfg.train.global_batch_size.value_or(0)) / e.step_time_s / world / 1e12;
+    e.tflops_per_gpu = train::model_flops(shape, cfg.train.global_batch_size.value_or(0)) /
+                       e.step_time_s / world / 1e12;
     e.peak_memory_bytes = peak_memory(cfg, shape, hw.device);
     e.num_calls = sp.calls.size();
     return e;
@@ -308,7 +288,7 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.params = options.params;
     const config::Config base_cfg = with_schedule(cfg, false, false);
     const model::GptShape shape = model::gpt_shape_from_config(cfg, std::max(1, r.ep_size), 0);
-    r.step_flops = step_flops(shape, cfg.train.global_batch_size.value_or(0));
+    r.step_flops = train::model_flops(shape, cfg.train.global_batch_size.value_or(0));
     r.step_tokens =
         static_cast<double>(cfg.train.global_batch_size.value_or(0)) * cfg.model.seq_length;
 

@@ -1,5 +1,7 @@
 #include "epo/train/flops.h"
 
+#include "epo/model/gpt_model.h"
+
 namespace epo::train {
 
 double model_flops(const FlopsShape& s, int64_t num_samples) {
@@ -21,6 +23,25 @@ double model_flops(const FlopsShape& s, int64_t num_samples) {
         query_ratio;
     const double logits = 3.0 * 2.0 * H * static_cast<double>(s.vocab_size);
     return static_cast<double>(num_samples) * S * (mlp + attention + logits);
+}
+
+double model_flops(const model::GptShape& s, int64_t num_samples) {
+    int64_t num_moe_layers = 0;
+    for (bool m : s.moe_layers)
+        num_moe_layers += m;
+    const FlopsShape flops{.num_layers = s.num_layers,
+                           .num_moe_layers = num_moe_layers,
+                           .hidden_size = s.hidden,
+                           .ffn_hidden_size = s.ffn_hidden,
+                           .moe_ffn_hidden_size = s.moe.ffn_hidden_size,
+                           .moe_shared_expert_intermediate_size = s.moe.shared_expert_size,
+                           .moe_router_topk = s.moe.topk,
+                           .num_attention_heads = s.attn.num_heads,
+                           .num_query_groups = s.attn.num_groups,
+                           .kv_channels = s.attn.head_dim,
+                           .seq_length = s.seq_length,
+                           .vocab_size = s.vocab};
+    return model_flops(flops, num_samples);
 }
 
 }  // namespace epo::train

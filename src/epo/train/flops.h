@@ -14,6 +14,10 @@
 
 #include <cstdint>
 
+namespace epo::model {
+struct GptShape;
+}
+
 namespace epo::train {
 
 struct FlopsShape {
@@ -34,5 +38,7 @@ struct FlopsShape {
 
 // FLOPs of one training step (forward + backward) over `num_samples` sequences.
 double model_flops(const FlopsShape& shape, int64_t num_samples);
+// The same for the model a GptShape describes: what the Trainer reports and the planner counts.
+double model_flops(const model::GptShape& shape, int64_t num_samples);
 
 }  // namespace epo::train

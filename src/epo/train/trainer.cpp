@@ -22,26 +22,6 @@ int64_t now_ns() {
         .count();
 }
 
-// Model FLOPs of one step over all ranks (flops.h).
-double step_flops_of(const model::GptShape& s, int64_t global_batch_size) {
-    int64_t num_moe_layers = 0;
-    for (bool m : s.moe_layers)
-        num_moe_layers += m;
-    const FlopsShape flops{.num_layers = s.num_layers,
-                           .num_moe_layers = num_moe_layers,
-                           .hidden_size = s.hidden,
-                           .ffn_hidden_size = s.ffn_hidden,
-                           .moe_ffn_hidden_size = s.moe.ffn_hidden_size,
-                           .moe_shared_expert_intermediate_size = s.moe.shared_expert_size,
-                           .moe_router_topk = s.moe.topk,
-                           .num_attention_heads = s.attn.num_heads,
-                           .num_query_groups = s.attn.num_groups,
-                           .kv_channels = s.attn.head_dim,
-                           .seq_length = s.seq_length,
-                           .vocab_size = s.vocab};
-    return model_flops(flops, global_batch_size);
-}
-
 }  // namespace
 
 Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
@@ -103,7 +83,7 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
                        .vocab_size = cfg.model.vocab_size.value_or(0),
                        .seed = static_cast<uint64_t>(cfg.train.seed)};
     dataset_ = make_dataset(data);
-    step_flops_ = step_flops_of(model_->shape(), config::global_batch_size(cfg));
+    step_flops_ = model_flops(model_->shape(), config::global_batch_size(cfg));
 }
 
 Trainer::~Trainer() = default;
