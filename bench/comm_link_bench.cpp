@@ -11,7 +11,9 @@
 // EPO_LINK_GBPS is one host's NIC rate in Gbit/s (the RATE given to `up`). An emulated host has
 // one NIC for all its ranks, a GPU node one per GPU (the model's B_inter is per rank), so the
 // prediction uses B_inter = EPO_LINK_GBPS / ranks per host; EPO_LINK_LATENCY_US (default 0) sets
-// the model's latency.
+// the model's latency. EPO_DATA_MAX_SLEEP_US (default: the runtime's, communicator.h
+// DataWaitPolicy) caps the data phase's sleeps between tests, to see what the sleeping wait costs
+// on a link against a wait that tests all the time (e.g. 20).
 //
 // Counters (rank 0's view): measured_ms = median over the iterations of the time from the last
 // rank's entry to return (entry-to-return minus the arrival wait, where the model's clock
@@ -59,8 +61,13 @@ Job& job() {
         const epo::comm::JobShape shape = epo::comm::current_job_shape();
         out.world = shape.world_size;
         out.ranks_per_host = std::max(1, shape.ranks_per_host);
+        epo::comm::CommOptions options;
+        options.data_wait.max_sleep_us =
+            env_number("EPO_DATA_MAX_SLEEP_US", options.data_wait.max_sleep_us);
+        options.wait.min_sleep_us =
+            std::min(options.wait.min_sleep_us, options.data_wait.max_sleep_us);
         out.groups = epo::comm::ProcessGroups::create({out.world, out.world, out.ranks_per_host},
-                                                      {}, "bench", nullptr);
+                                                      options, "bench", nullptr);
         return out;
     }();
     return j;
@@ -107,6 +114,7 @@ BENCHMARK(BM_RealLinkAllToAll)
     ->Arg(256)
     ->Arg(1024)
     ->Arg(4096)
+    ->Arg(8192)
     ->Iterations(12)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
@@ -119,6 +127,7 @@ void BM_RealLinkReduceScatter(benchmark::State& state) {
 }
 BENCHMARK(BM_RealLinkReduceScatter)
     ->Arg(4)
+    ->Arg(8)
     ->Arg(16)
     ->Iterations(8)
     ->UseManualTime()
@@ -135,6 +144,7 @@ void BM_RealLinkAllGatherShards(benchmark::State& state) {
 }
 BENCHMARK(BM_RealLinkAllGatherShards)
     ->Arg(4)
+    ->Arg(8)
     ->Arg(16)
     ->Iterations(8)
     ->UseManualTime()

@@ -2,11 +2,17 @@
 # CI's fresh-machine step: installs, builds and smoke-runs the committed project inside a freshly
 # bootstrapped Debian 12 (../shared/tools/fresh-check, a chroot with nothing installed by hand),
 # so an install step that the CI machine happens not to need (a package it already holds) still
-# fails CI. It runs when the install inputs (scripts/setup.sh, the build scripts,
-# CMakePresets.json, cmake/ and every CMakeLists.txt) changed since the last fresh pass on this
-# machine, or when this machine never passed one; a pass leaves a stamp keyed on a hash of those
-# inputs. About 6-8 minutes on an idle 2-core machine when it runs (most of it building the epo
-# binary), under a second when it skips.
+# fails CI. It runs when what a fresh machine needs could have changed since the last fresh pass
+# on this machine, or when this machine never passed one; a pass leaves a stamp keyed on a hash of
+# these install inputs:
+#   - scripts/setup.sh, scripts/build.sh, scripts/mpi_env.sh, CMakePresets.json and cmake/, whole;
+#   - of every CMakeLists.txt, the lines that find an outside package (find_*,
+#     pkg_check_modules, FetchContent) and the imported targets it links (Pkg::target), so adding
+#     a test or a source file does not trigger it but a new dependency does;
+#   - the set of system headers the sources include (#include <...>), so a new header-only
+#     library does too.
+# About 6-8 minutes on an idle 2-core machine when it runs (most of it building the epo binary),
+# under a second when it skips.
 #
 # Usage: scripts/fresh_machine_check.sh [--force]
 #   EPO_FRESH_STAMP_DIR   where pass stamps live (default /var/cache/epo-ci)
@@ -14,8 +20,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mapfile -t inputs < <(git ls-files scripts/setup.sh scripts/build.sh scripts/mpi_env.sh \
-  CMakePresets.json cmake ':(glob)**/CMakeLists.txt')
-hash=$(for f in "${inputs[@]}"; do printf '%s\n' "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-16)
+  CMakePresets.json cmake)
+mapfile -t lists < <(git ls-files ':(glob)**/CMakeLists.txt')
+mapfile -t sources < <(git ls-files ':(glob)**/*.cpp' ':(glob)**/*.h' ':(glob)**/*.cu')
+hash=$({
+  for f in "${inputs[@]}"; do printf '%s\n' "$f"; sha256sum <"$f"; done
+  for f in "${lists[@]}"; do
+    printf '%s\n' "$f"
+    grep -E '(find_(package|library|path|program|file)|pkg_check_modules|FetchContent)' "$f" || true
+  done
+  grep -ohE '[A-Za-z0-9_]+::[A-Za-z0-9_]+' "${lists[@]}" | sort -u
+  grep -ohE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<[^>]+>' "${sources[@]}" | tr -d ' \t' | sort -u
+} | sha256sum | cut -c1-16)
 stamp_dir=${EPO_FRESH_STAMP_DIR:-/var/cache/epo-ci}
 stamp="$stamp_dir/fresh-machine-$hash"
 if [[ "${1:-}" != --force && -f "$stamp" ]]; then

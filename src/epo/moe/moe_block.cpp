@@ -1,18 +1,11 @@
 #include "epo/moe/moe_block.h"
 
 namespace epo::moe {
-namespace {
-
-bool has_shared(const MoeConfig& cfg) {
-    return cfg.shared_expert_size > 0;
-}
-
-}  // namespace
 
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
                                 MoeBlockState& st, Arena& arena) {
     const std::int64_t T = x.dim(0);
-    if (has_shared(b.cfg)) {
+    if (b.cfg.has_shared_experts()) {
         st.shared_out = arena.alloc({T, b.cfg.hidden_size}, DType::kF32);
         shared_expert_forward(b.params.shared, x, st.shared_out, st.shared, arena);
     } else {
@@ -83,14 +76,14 @@ void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBl
         b.dispatcher.token_row_sum(*st.dispatch, t, out + t * H);
         router_dx_add_row(b.cfg, b.params.router, st.router, t, out + t * H);
     }
-    if (has_shared(b.cfg)) {
+    if (b.cfg.has_shared_experts()) {
         shared_expert_backward_dgrad(b.params.shared, st.dy, dx, st.shared, arena);
     }
 }
 
 void block_pre_dispatch_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch) {
     router_backward_wgrad(b.cfg, b.params.router, st.router, scratch);
-    if (has_shared(b.cfg)) {
+    if (b.cfg.has_shared_experts()) {
         shared_expert_backward_wgrad(b.params.shared, b.cfg.gradient_accumulation_fusion, st.shared,
                                      scratch);
     }

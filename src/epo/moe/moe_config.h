@@ -54,6 +54,8 @@ struct MoeConfig {
     bool gradient_accumulation_fusion = false;  // gradient_accumulation_fusion
     Precision precision = Precision::kBf16;     // bf16 = true / false
     DispatcherKind dispatcher = DispatcherKind::kAlltoall;  // moe_token_dispatcher_type
+
+    bool has_shared_experts() const { return shared_expert_size > 0; }
 };
 
 // Throws ErrorKind::kConfig naming the field, its value and the rule.

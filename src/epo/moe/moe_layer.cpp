@@ -8,10 +8,6 @@
 namespace epo::moe {
 namespace {
 
-bool has_shared(const MoeConfig& cfg) {
-    return cfg.shared_expert_size > 0;
-}
-
 // Adds the time of its scope to a MoePhaseTimes field.
 class Stopwatch {
 public:
@@ -81,7 +77,7 @@ void backward_epilogue(const MoeConfig& cfg, const MoeLayerParams& params, const
         router_backward_dgrad(cfg, params.router, ctx.dweight, loss_grad_scale, ctx.router,
                               ctx.dx_acc, ctx.arena);
     }
-    if (has_shared(cfg)) {
+    if (cfg.has_shared_experts()) {
         Stopwatch sw(tm.shared_dgrad);
         shared_expert_backward_dgrad(params.shared, dy, ctx.dx_acc, ctx.shared, ctx.arena);
     }
@@ -97,7 +93,7 @@ MoeLayerParams make_moe_layer_params(const MoeConfig& cfg) {
     MoeLayerParams p;
     p.router = make_router_params(cfg);
     p.experts = make_expert_weights(cfg.num_experts, cfg.hidden_size, cfg.ffn_hidden_size, dt);
-    if (has_shared(cfg)) {
+    if (cfg.has_shared_experts()) {
         p.shared = make_shared_expert_weights(cfg.hidden_size, cfg.shared_expert_size, dt);
     }
     return p;
@@ -134,7 +130,7 @@ MoeLosses moe_forward(const MoeConfig& cfg, const MoeLayerParams& params, const 
     Arena& arena = ctx.arena;
     MoePhaseTimes& tm = ctx.times;
 
-    if (has_shared(cfg)) {
+    if (cfg.has_shared_experts()) {
         Stopwatch sw(tm.shared_fwd);
         ctx.shared_out = arena.alloc({t_count, cfg.hidden_size}, DType::kF32);
         shared_expert_forward(params.shared, x, ctx.shared_out, ctx.shared, arena);
@@ -190,7 +186,7 @@ void moe_backward_wgrad(const MoeConfig& cfg, MoeLayerParams& params, MoeContext
         Stopwatch sw(tm.router_wgrad);
         router_backward_wgrad(cfg, params.router, ctx.router, ctx.arena);
     }
-    if (has_shared(cfg)) {
+    if (cfg.has_shared_experts()) {
         Stopwatch sw(tm.shared_wgrad);
         shared_expert_backward_wgrad(params.shared, fusion, ctx.shared, ctx.arena);
     }
