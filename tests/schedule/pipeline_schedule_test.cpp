@@ -101,9 +101,8 @@ bool replays_without_deadlock(const std::vector<std::vector<NodeCall>>& lists, s
         return p < 0 || cur[s].done[static_cast<size_t>(p)];
     };
     const auto comm_head = [&](size_t s) -> const NodeCall* {
-        return cur[s].next_comm < cur[s].comm.size()
-                   ? &lists[s][cur[s].comm[cur[s].next_comm]]
-                   : nullptr;
+        return cur[s].next_comm < cur[s].comm.size() ? &lists[s][cur[s].comm[cur[s].next_comm]]
+                                                     : nullptr;
     };
     for (bool progressed = true; progressed;) {
         progressed = false;
@@ -140,8 +139,7 @@ bool replays_without_deadlock(const std::vector<std::vector<NodeCall>>& lists, s
         }
     }
     for (size_t s = 0; s < P; ++s) {
-        if (cur[s].next_comm < cur[s].comm.size() ||
-            cur[s].next_compute < cur[s].compute.size()) {
+        if (cur[s].next_comm < cur[s].comm.size() || cur[s].next_compute < cur[s].compute.size()) {
             why = "stage " + std::to_string(s) + " stuck";
             return false;
         }
@@ -200,7 +198,7 @@ TEST(PipelineSchedule, OverlapMergesAForwardWithAnotherUnitsBackward) {
     const auto& l = lists[0];
     for (size_t i = 1; i < l.size(); ++i) {
         merged |= l[i].node == NodeKind::kDispatch && l[i - 1].node == NodeKind::kMlp &&
-                   (l[i].micro_batch != l[i - 1].micro_batch || l[i].chunk != l[i - 1].chunk);
+                  (l[i].micro_batch != l[i - 1].micro_batch || l[i].chunk != l[i - 1].chunk);
     }
     EXPECT_TRUE(merged);
     EXPECT_EQ(call_name(l.front()), "stage0.chunk0.mb0.embedding.forward");

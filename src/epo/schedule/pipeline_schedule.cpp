@@ -186,9 +186,9 @@ void check_pipeline_shape(const PipelineShape& s) {
             s.num_stages, s.num_chunks, s.num_micro_batches));
     }
     if (L % (s.num_stages * s.num_chunks) != 0) {
-        throw std::invalid_argument(fmt::format(
-            "pipeline shape: {} layers do not split into PP {} x VPP {} equal chunks", L,
-            s.num_stages, s.num_chunks));
+        throw std::invalid_argument(
+            fmt::format("pipeline shape: {} layers do not split into PP {} x VPP {} equal chunks",
+                        L, s.num_stages, s.num_chunks));
     }
     if (s.num_chunks > 1 && s.num_micro_batches % s.num_stages != 0) {
         throw std::invalid_argument(

@@ -49,12 +49,12 @@
 namespace epo::schedule {
 
 struct PipelineShape {
-    int num_stages = 1;              // P
-    int num_chunks = 1;              // V (virtual pipeline size)
-    int num_micro_batches = 1;       // M
-    std::vector<bool> moe_layers;    // [L] true = MoE (has dispatch / combine)
-    bool overlap = false;            // merged steady-state steps
-    bool delay_wgrad = false;        // overlap only, as in schedule.h
+    int num_stages = 1;            // P
+    int num_chunks = 1;            // V (virtual pipeline size)
+    int num_micro_batches = 1;     // M
+    std::vector<bool> moe_layers;  // [L] true = MoE (has dispatch / combine)
+    bool overlap = false;          // merged steady-state steps
+    bool delay_wgrad = false;      // overlap only, as in schedule.h
 };
 
 // Raises std::invalid_argument naming the value when the shape cannot be scheduled: L not a

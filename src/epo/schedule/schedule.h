@@ -105,7 +105,8 @@ const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
 // "mb3.layer1.mlp.backward" style names for traces and logs; "mb7.bucket0.grad_reduce" for a
 // gradient bucket's reduction, "mb0.bucket3.param_gather" for a parameter bucket's gather. A call
-// of a pipeline schedule carries its stage and chunk in front: "stage1.chunk0.mb3.layer5.mlp.forward".
+// of a pipeline schedule carries its stage and chunk in front:
+// "stage1.chunk0.mb3.layer5.mlp.forward".
 std::string call_name(const NodeCall& call);
 
 struct ScheduleShape {
