@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -105,38 +106,48 @@ std::filesystem::path shared_temp_dir() {
 
 class PipelineMatrix : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PipelineMatrix, BitIdenticalToOneStageAndOverlapToBaseline) {
+// PP `pp` on the world against PP 1 on each block of world / pp ranks (the ranks of one stage).
+void check_stages(const Case& c, int pp) {
     constexpr int kSteps = 4;
     const int world = comm::current_world_size(), rank = comm::current_world_rank();
-    ASSERT_EQ(world % 2, 0);
-    const Case c = GetParam();
+    ASSERT_EQ(world % pp, 0);
+    const int stage_size = world / pp;
+    const std::string label = "PP " + std::to_string(pp);
     const std::vector<std::string> overlap = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
                                               "comm_overlap.delay_wgrad_compute=false"};
     const std::vector<std::string> delayed = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
                                               "comm_overlap.delay_wgrad_compute=true"};
-    MPI_Comm half = MPI_COMM_NULL;
-    comm::check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank / (world / 2), rank, &half),
+    MPI_Comm block = MPI_COMM_NULL;
+    comm::check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank / stage_size, rank, &block),
                     "MPI_Comm_split");
-    const Record reference = run_on(pipeline_config(c, world / 2, 1, {}), half, kSteps);
-    MPI_Comm_free(&half);
+    const Record reference = run_on(pipeline_config(c, stage_size, 1, {}), block, kSteps);
+    MPI_Comm_free(&block);
     EXPECT_LT(reference.losses.back(), reference.losses.front());
 
-    const Record baseline = run_on(pipeline_config(c, world, 2, {}), MPI_COMM_WORLD, kSteps);
-    expect_same_bits(reference, baseline, "PP 2 baseline vs PP 1");
-    // The stage holds only its own layers.
-    const bool first_stage = rank < world / 2;
-    EXPECT_EQ(baseline.params.count("embedding.word_embeddings.weight"), first_stage ? 1u : 0u);
-    EXPECT_EQ(baseline.params.count("output_layer.weight"), first_stage ? 0u : 1u);
-    // EP overlap needs EP > 1 (EP001): with 4 ranks and more.
-    if (c.vpp > 1 && world >= 4) {
-        const config::Config o = pipeline_config(c, world, 2, overlap);
-        const config::Config d = pipeline_config(c, world, 2, delayed);
+    const Record baseline = run_on(pipeline_config(c, world, pp, {}), MPI_COMM_WORLD, kSteps);
+    expect_same_bits(reference, baseline, label + " baseline vs PP 1");
+    // The stage holds only its own positions.
+    const int stage = rank / stage_size;
+    EXPECT_EQ(baseline.params.count("embedding.word_embeddings.weight"), stage == 0 ? 1u : 0u);
+    EXPECT_EQ(baseline.params.count("output_layer.weight"), stage == pp - 1 ? 1u : 0u);
+    // EP overlap needs EP > 1 (EP001).
+    if (c.vpp > 1 && stage_size >= 2) {
+        const config::Config o = pipeline_config(c, world, pp, overlap);
+        const config::Config d = pipeline_config(c, world, pp, delayed);
         ASSERT_TRUE(o.model.overlap_moe_expert_parallel_comm);
         ASSERT_TRUE(d.model.delay_wgrad_compute);
-        expect_same_bits(baseline, run_on(o, MPI_COMM_WORLD, kSteps), "overlap vs baseline");
-        expect_same_bits(baseline, run_on(d, MPI_COMM_WORLD, kSteps),
-                         "overlap + delay vs baseline");
+        expect_same_bits(baseline, run_on(o, MPI_COMM_WORLD, kSteps), label + " overlap");
+        expect_same_bits(baseline, run_on(d, MPI_COMM_WORLD, kSteps), label + " overlap + delay");
     }
+}
+
+// PP 2 at every rank count (2: EP 1, 4: EP 2, 8: EP 4), and PP 4 x EP 2 at 8 ranks.
+TEST_P(PipelineMatrix, BitIdenticalToOneStageAndOverlapToBaseline) {
+    const int world = comm::current_world_size();
+    check_stages(GetParam(), 2);
+    const Case c = GetParam();
+    if (world >= 8 && world % 4 == 0 && c.layers % (4 * std::max(c.vpp, 1)) == 0)
+        check_stages(c, 4);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
