@@ -78,3 +78,13 @@ epo_train_cli_test(train_flex_two_nodes 0 "moe_token_dispatcher_type: flex"
 epo_train_cli_test(train_flex_nodes_do_not_tile 1 "RT026" "comm.gpus_per_node" NP 1
                    RUN train --model tiny-moe -ep 2 --max_steps 3 --num_nodes 2 --gpus_per_node 3
                    --moe_flex_dispatcher_backend deepep logger.log_dir=train-cli-runs)
+
+# Pipeline parallelism (docs/pipeline.md): a stage that fails in the middle of an interleaved,
+# overlapped step ends the whole job, its rank named; the other stage's ranks say why they stop.
+epo_train_cli_test(train_pipeline_stage_failure_ends_job 1
+                   "rank 3 of 4 failed: .*injected failure \\(EPO_INJECT_FAILURE\\) in stage1.chunk1.mb1.layer3.mlp.forward of step 2"
+                   "rank 0 of 4 received SIGTERM: the job is ending because rank 3 failed"
+                   NP 4 ENV EPO_INJECT_FAILURE=3:2:stage1.chunk1.mb1.layer3.mlp.forward
+                   RUN train --model tiny-moe -ep 2 -pp 2 -vp 2 --max_steps 4
+                   train.global_batch_size=16 model.seq_length=64 model.num_layers=4
+                   logger.log_dir=train-cli-runs --moe_a2a_overlap true)

@@ -22,7 +22,7 @@ using testing::ids;
 const std::map<std::string, std::function<void(Config&)>>& uses() {
     static const std::map<std::string, std::function<void(Config&)>> table = {
         {"RT001", [](Config& c) { c.model.tensor_model_parallel_size = 2; }},
-        {"RT002", [](Config& c) { c.model.virtual_pipeline_model_parallel_size = 2; }},
+        {"RT002", [](Config& c) { c.model.pipeline_model_parallel_size = 2; }},
         {"RT003", [](Config& c) { c.model.context_parallel_size = 2; }},
         {"RT004", [](Config& c) { c.model.expert_tensor_parallel_size = 2; }},
         {"RT005", [](Config& c) { c.model.sequence_parallel = true; }},
@@ -56,6 +56,12 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.comm_overlap.emplace();
              c.comm_overlap->tp_comm_overlap = false;
              c.comm_overlap->defer_embedding_wgrad_compute = true;
+         }},
+        {"RT027", [](Config& c) { c.model.virtual_pipeline_model_parallel_size = 2; }},
+        {"RT028",
+         [](Config& c) {
+             c.model.pipeline_model_parallel_size = 2;
+             c.model.share_embeddings_and_output_weights = true;
          }},
         {"RT026",
          [](Config& c) {
@@ -118,12 +124,22 @@ TEST(RuntimeSupport, ACapabilityThatLandsDropsItsId) {
     }
 }
 
-TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsAndFp32) {
-    for (const char* id : {"RT010", "RT020", "RT024"}) {
+TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines) {
+    for (const char* id : {"RT002", "RT010", "RT020", "RT024"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);
         EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    }
+}
+
+TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
+    for (const char* id : {"RT027", "RT028"}) {
+        SCOPED_TRACE(id);
+        Config c = make_recipe("tiny-moe");
+        uses().at(id)(c);
+        EXPECT_EQ(runtime_ids(runtime_findings(c, RuntimeCapabilities::current())),
+                  std::vector<std::string>{id});
     }
 }
 

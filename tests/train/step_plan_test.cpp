@@ -296,14 +296,41 @@ TEST(StepPlan, ParameterSizesMatchALiveModel) {
     }
 }
 
-TEST(StepPlan, RefusesPipelineStagesAndATopologyWithoutWholeGroups) {
+TEST(StepPlan, RefusesATopologyWithoutWholeGroups) {
     const RecipeTopology t{"tiny-moe", 1, 4, 2};
     config::Config c = finalized(t, Kind::kBaseline, {});
     const model::GptShape shape = model::gpt_shape_from_config(c, 2, 0);
-    c.model.pipeline_model_parallel_size = 2;
-    EXPECT_THROW(make_step_plan(c, shape), Error);
-    c.model.pipeline_model_parallel_size = 1;
     c.comm.gpus_per_node = 3;  // 3 ranks: EP 2 leaves no whole expert data-parallel group
+    EXPECT_THROW(make_step_plan(c, shape), Error);
+}
+
+// PP 2 on 4 ranks: per-stage groups (DP 2, EDP 1 with EP 2), the stage's pipeline lists, no
+// buckets; a micro-batch count the interleaved schedule cannot group is refused naming it.
+TEST(StepPlan, PipelineStagesPlanTheirOwnLists) {
+    const RecipeTopology t{"tiny-moe", 1, 4, 2};
+    config::Config c = finalized(t, Kind::kBaseline, {"ddp.overlap_grad_reduce=true"});
+    c.model.pipeline_model_parallel_size = 2;
+    c.model.virtual_pipeline_model_parallel_size = 1;
+    c.model.num_layers = 4;
+    c.model.expert_model_parallel_size = 2;
+    model::GptShape shape = model::gpt_shape_from_config(c, 2, 0);
+    shape.pipeline_size = 2;
+    shape.pipeline_rank = 1;
+    const StepPlan plan = make_step_plan(c, shape);
+    EXPECT_EQ(plan.dp_size, 2);
+    EXPECT_EQ(plan.edp_size, 1);
+    EXPECT_FALSE(plan.reduce_in_buckets);
+    EXPECT_TRUE(plan.buckets.empty());
+    ASSERT_EQ(plan.stage_calls.size(), 2u);
+    EXPECT_EQ(plan.calls, plan.stage_calls[1]);
+    for (const schedule::NodeCall& call : plan.calls) {
+        EXPECT_EQ(call.stage, 1);
+        EXPECT_TRUE(call.layer < 0 || call.layer >= 2 || schedule::is_pipeline_transfer(call.node))
+            << schedule::call_name(call);
+    }
+    c.model.virtual_pipeline_model_parallel_size = 2;
+    c.train.global_batch_size = 3 * c.train.micro_batch_size * 2;  // 3 micro-batches at DP 2
+    ASSERT_EQ(config::num_microbatches(c), 3);
     EXPECT_THROW(make_step_plan(c, shape), Error);
 }
 

@@ -17,6 +17,7 @@
 #include "epo/config/report.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
+#include "epo/schedule/pipeline_schedule.h"
 #include "epo/schedule/schedule.h"
 #include "epo/train/param_checksum.h"
 #include "epo/train/train_run.h"
@@ -208,6 +209,39 @@ LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm:
         c.compute_s, c.alltoall_bytes / 1e6, optimizer_bytes / 1e6,
         c.inter_node ? "inter" : "intra", gbps, c.latency_us));
     return c;
+}
+
+// With pipeline stages: each schedule's bubble, the compute stream's idle time per step (step
+// time minus its busy time, averaged over ranks; medians over the measured steps), as a fraction
+// of the busy time next to the interleaved schedule's ideal (p - 1) / (v m). The idle time also
+// holds any exposed communication, so at PP = 1 it is not zero either.
+void log_pipeline_bubbles(const BenchResult& result, Logs& logs) {
+    for (const ScheduleRun& r : result.runs) {
+        const config::ModelConfig& m = r.config.model;
+        if (m.pipeline_model_parallel_size <= 1 || r.measured.empty())
+            continue;
+        std::vector<double> idle, busy;
+        for (const StepMetrics& step : r.measured) {
+            double i = 0, b = 0;
+            for (const RankStepMetrics& rank : step.ranks) {
+                i += rank.step_time_s - rank.compute_busy_s;
+                b += rank.compute_busy_s;
+            }
+            const auto n = static_cast<double>(std::max<size_t>(step.ranks.size(), 1));
+            idle.push_back(i / n);
+            busy.push_back(b / n);
+        }
+        const schedule::PipelineShape shape{
+            .num_stages = m.pipeline_model_parallel_size,
+            .num_chunks = config::virtual_pipeline_size(m),
+            .num_micro_batches = static_cast<int>(config::num_microbatches(r.config))};
+        const double idle_s = summarize(idle).median, busy_s = summarize(busy).median;
+        logs.both(fmt::format(
+            "[bench] pipeline bubble, {} (PP {}, VPP {}, {} micro-batches): compute idle {:.3f} "
+            "s/step = {:.3f} of its busy {:.3f} s; ideal (p - 1) / (v m) = {:.3f}",
+            r.schedule.name, shape.num_stages, shape.num_chunks, shape.num_micro_batches, idle_s,
+            busy_s > 0 ? idle_s / busy_s : 0.0, busy_s, schedule::ideal_bubble_fraction(shape)));
+    }
 }
 
 // Fills the derived fields of every run once all are measured. Collective (bound, node stats).
@@ -593,6 +627,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         run.durations = median_call_durations(run.measured_records);
     }
     derive(result);
+    log_pipeline_bubbles(result, logs);
     result.wall_s = since(t0);
     logs.rank_file << fmt::format("rank {} done: {} steps in {:.1f} s\n", rank, steps_done,
                                   result.wall_s)

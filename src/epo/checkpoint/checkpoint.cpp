@@ -29,7 +29,9 @@ json layout_json(const WorldLayout& l) {
     return {{"world_size", l.world_size},
             {"num_nodes", l.num_nodes},
             {"gpus_per_node", l.gpus_per_node},
-            {"expert_model_parallel_size", l.expert_model_parallel_size}};
+            {"expert_model_parallel_size", l.expert_model_parallel_size},
+            {"pipeline_model_parallel_size", l.pipeline_model_parallel_size},
+            {"virtual_pipeline_model_parallel_size", l.virtual_pipeline_model_parallel_size}};
 }
 
 std::string metadata_text(const CheckpointInfo& info, const std::vector<FileRecord>& files) {
@@ -85,9 +87,12 @@ Metadata read_metadata(const fs::path& dir) {
         m.info.consumed_samples = j.at("consumed_samples").get<int64_t>();
         m.info.seed = j.at("rng").at("seed").get<uint64_t>();
         const json& l = j.at("layout");
-        m.info.layout = WorldLayout{l.at("world_size").get<int>(), l.at("num_nodes").get<int>(),
+        m.info.layout = WorldLayout{l.at("world_size").get<int>(),
+                                    l.at("num_nodes").get<int>(),
                                     l.at("gpus_per_node").get<int>(),
-                                    l.at("expert_model_parallel_size").get<int>()};
+                                    l.at("expert_model_parallel_size").get<int>(),
+                                    l.value("pipeline_model_parallel_size", 1),
+                                    l.value("virtual_pipeline_model_parallel_size", 1)};
         m.info.config_yaml = j.at("config_yaml").get<std::string>();
         for (const json& f : j.at("files")) {
             m.files.push_back(FileRecord{f.at("name").get<std::string>(),
@@ -116,6 +121,10 @@ std::string layout_differences(const WorldLayout& saved, const WorldLayout& now)
     add("comm.gpus_per_node", saved.gpus_per_node, now.gpus_per_node);
     add("model.expert_model_parallel_size", saved.expert_model_parallel_size,
         now.expert_model_parallel_size);
+    add("model.pipeline_model_parallel_size", saved.pipeline_model_parallel_size,
+        now.pipeline_model_parallel_size);
+    add("model.virtual_pipeline_model_parallel_size", saved.virtual_pipeline_model_parallel_size,
+        now.virtual_pipeline_model_parallel_size);
     return diff;
 }
 
@@ -178,10 +187,13 @@ void replace_dir(const fs::path& from, const fs::path& to) {
 }  // namespace
 
 WorldLayout world_layout_of(const config::Config& cfg, int world_size) {
-    return WorldLayout{.world_size = world_size,
-                       .num_nodes = config::num_nodes(cfg.comm),
-                       .gpus_per_node = config::gpus_per_node(cfg.comm),
-                       .expert_model_parallel_size = cfg.model.expert_model_parallel_size};
+    return WorldLayout{
+        .world_size = world_size,
+        .num_nodes = config::num_nodes(cfg.comm),
+        .gpus_per_node = config::gpus_per_node(cfg.comm),
+        .expert_model_parallel_size = cfg.model.expert_model_parallel_size,
+        .pipeline_model_parallel_size = cfg.model.pipeline_model_parallel_size,
+        .virtual_pipeline_model_parallel_size = config::virtual_pipeline_size(cfg.model)};
 }
 
 std::string iteration_dir_name(int64_t iteration) {

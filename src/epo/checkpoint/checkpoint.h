@@ -41,6 +41,10 @@ struct WorldLayout {
     int num_nodes = 1;
     int gpus_per_node = 1;
     int expert_model_parallel_size = 1;
+    // Each rank's file holds its stage's parameters only, so the pipeline layout is part of the
+    // layout (a checkpoint without these fields was saved at PP = 1, VPP unset).
+    int pipeline_model_parallel_size = 1;
+    int virtual_pipeline_model_parallel_size = 1;
 
     bool operator==(const WorldLayout&) const = default;
 };

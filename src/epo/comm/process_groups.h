@@ -10,6 +10,15 @@
 // them differently on different ranks and deadlock; with one set per stream, each communicator
 // sees exactly its stream's schedule order, which is the same on every rank.
 //
+// Pipeline parallelism (layout.pipeline_model_parallel_size = P > 1): the world is P stages of
+// world_size / P consecutive ranks (the reference's order, pipeline outermost), and ep, dp, edp,
+// ep_node and ep_peer are those of the rank's own stage, laid out inside it as a world of one
+// stage would be. pp is the pipeline group (the rank of each stage with this rank's place in its
+// stage, in stage order); pp_next and pp_prev are two-rank links, link k joining stage k (group
+// rank 0) to stage k+1 mod P (group rank 1): pp_next is the link of this rank's stage, pp_prev the
+// previous stage's. A transfer between stages is a broadcast on a link from its sender, so it has
+// every collective's deadline (naming the peer), byte accounting and link model.
+//
 // Creating a set is collective over `parent` (every rank must create its sets in the same order,
 // normally at start-up on the main thread).
 #pragma once
@@ -17,6 +26,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "epo/comm/communicator.h"
@@ -33,6 +43,11 @@ struct ProcessGroups {
     Communicator node;
     Communicator ep_node;  // EP group ∩ this rank's node, in EP-rank order
     Communicator ep_peer;  // EP ranks of this rank's local index in their node, in EP-rank order
+    Communicator pp;       // one rank per stage, in stage order (size 1 without PP)
+    std::optional<Communicator> pp_next, pp_prev;  // P > 1 only
+
+    int num_stages() const { return layout.pipeline_model_parallel_size; }
+    int stage() const { return pp.rank(); }
 
     // `owner` names the stream in messages ("compute", "comm"). The layout's world_size must equal
     // the size of `parent`. One watchdog may be shared by several sets.

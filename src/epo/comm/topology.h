@@ -17,6 +17,9 @@ struct ParallelLayout {
     int world_size = 1;
     int expert_model_parallel_size = 1;  // EP: ranks that together hold one copy of all experts
     int gpus_per_node = 8;  // ranks per node (the reference harness's name and default)
+    // PP: stages of world_size / PP consecutive ranks each; the groups above lie inside one
+    // stage (process_groups.h builds them per stage).
+    int pipeline_model_parallel_size = 1;
 };
 
 // Raises epo::Error naming the field, its value and the fix when the layout cannot be built.

@@ -37,10 +37,10 @@ const std::vector<FeatureRow>& rows() {
                          show(c.model.tensor_model_parallel_size));
          },
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
-        {{"RT002", "pipeline parallelism (PP > 1 or a virtual pipeline)", &RC::pipeline_parallel},
+        {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             return when(c.model.pipeline_model_parallel_size > 1 ||
-                             c.model.virtual_pipeline_model_parallel_size.has_value(),
+             return when(c.model.pipeline_model_parallel_size > 1 &&
+                             !c.model.share_embeddings_and_output_weights,
                          "model.pipeline_model_parallel_size",
                          show(c.model.pipeline_model_parallel_size));
          },
@@ -162,7 +162,8 @@ const std::vector<FeatureRow>& rows() {
          "set model.position_embedding_type=rope"},
         {{"RT024", "tied input/output embeddings", &RC::tied_embeddings},
          [](C c) {
-             return when(c.model.share_embeddings_and_output_weights,
+             return when(c.model.share_embeddings_and_output_weights &&
+                             c.model.pipeline_model_parallel_size <= 1,
                          "model.share_embeddings_and_output_weights", "true");
          },
          "set model.share_embeddings_and_output_weights=false"},
@@ -188,6 +189,27 @@ const std::vector<FeatureRow>& rows() {
          "choose comm.gpus_per_node dividing model.expert_model_parallel_size or a multiple of "
          "it (each EP group whole nodes or inside one node), or set "
          "model.moe_token_dispatcher_type=alltoall (--moe_flex_dispatcher_backend None)"},
+        // Pipelines run (docs/pipeline.md); these two layouts of them do not.
+        {{"RT027", "a virtual pipeline without pipeline stages (VPP set with PP = 1)",
+          &RC::virtual_pipeline_one_stage},
+         [](C c) {
+             return when(c.model.pipeline_model_parallel_size <= 1 &&
+                             c.model.virtual_pipeline_model_parallel_size.has_value(),
+                         "model.virtual_pipeline_model_parallel_size",
+                         show(c.model.virtual_pipeline_model_parallel_size));
+         },
+         "set model.virtual_pipeline_model_parallel_size=null, or PP > 1 (-pp N)"},
+        {{"RT028",
+          "tied input/output embeddings with pipeline parallelism (the embedding and the output "
+          "layer live on different stages)",
+          &RC::pipeline_tied_embeddings},
+         [](C c) {
+             return when(c.model.pipeline_model_parallel_size > 1 &&
+                             c.model.share_embeddings_and_output_weights,
+                         "model.share_embeddings_and_output_weights", "true");
+         },
+         "set model.share_embeddings_and_output_weights=false, or "
+         "model.pipeline_model_parallel_size=1"},
     };
     return table;
 }
@@ -200,6 +222,7 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.tied_embeddings = true;        // model/gpt_model.h: the output layer reads the embedding
     caps.fp32_training = true;          // every kernel has an f32 path (the gradient checks use it)
     caps.distributed_optimizer = true;  // train/trainer.h (ZeRO-1, with bucketed param gather)
+    caps.pipeline_parallel = true;      // schedule/pipeline_schedule.h, docs/pipeline.md
     return caps;
 }
 

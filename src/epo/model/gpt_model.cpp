@@ -81,8 +81,18 @@ GptModel::GptModel(const GptShape& shape)
     : shape_(shape),
       rope_(make_rope_table(shape.seq_length, shape.attn.head_dim, shape.rotary_base)) {
     const DType cd = shape.compute_dtype;
-    embedding_ = make_param("embedding.word_embeddings.weight", {shape.vocab, shape.hidden}, cd);
-    dense_params_.push_back(&embedding_);
+    EPO_CHECK(shape.pipeline_size >= 1 && shape.virtual_pipeline_size >= 1 &&
+                  shape.pipeline_rank >= 0 && shape.pipeline_rank < shape.pipeline_size &&
+                  shape.num_layers % (shape.pipeline_size * shape.virtual_pipeline_size) == 0,
+              "{} layers on stage {} of PP {} x VPP {}", shape.num_layers, shape.pipeline_rank,
+              shape.pipeline_size, shape.virtual_pipeline_size);
+    EPO_CHECK(shape.pipeline_size == 1 || !shape.tie_embeddings,
+              "tied embeddings with pipeline parallelism (refused by RT027)");
+    if (shape.holds(-1)) {
+        embedding_ =
+            make_param("embedding.word_embeddings.weight", {shape.vocab, shape.hidden}, cd);
+        dense_params_.push_back(&embedding_);
+    }
     for (int64_t l = 0; l < shape.num_layers; ++l) {
         LayerShape s{.hidden = shape.hidden,
                      .tokens = shape.tokens(),
@@ -98,22 +108,29 @@ GptModel::GptModel(const GptShape& shape)
         layer_shapes_.push_back(s);
     }
     layers_.reserve(static_cast<size_t>(shape.num_layers));
+    // Another stage's layers stay empty (no memory), in their place so that indices are global.
     for (int64_t l = 0; l < shape.num_layers; ++l) {
-        layers_.push_back(
-            make_layer_params(layer_shapes_[l], fmt::format("decoder.layers.{}.", l)));
+        layers_.push_back(shape.holds(l) ? make_layer_params(layer_shapes_[l],
+                                                             fmt::format("decoder.layers.{}.", l))
+                                         : LayerParams{});
     }
+    bool any_moe = false;
     for (int64_t l = 0; l < shape.num_layers; ++l) {
+        if (!shape.holds(l))
+            continue;
         collect_layer_params(layer_shapes_[l], layers_[l], dense_params_, expert_params_);
+        any_moe |= layer_shapes_[l].is_moe;
     }
-    final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, DType::kF32);
-    dense_params_.push_back(&final_norm_);
-    if (!shape.tie_embeddings) {
-        output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);
-        dense_params_.push_back(&output_);
+    if (shape.holds(shape.num_layers)) {
+        final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, DType::kF32);
+        dense_params_.push_back(&final_norm_);
+        if (!shape.tie_embeddings) {
+            output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);
+            dense_params_.push_back(&output_);
+        }
     }
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
-    if (std::find(shape.moe_layers.begin(), shape.moe_layers.end(), true) !=
-        shape.moe_layers.end()) {
+    if (any_moe) {
         dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank,
                                                  shape.ep_ranks_per_node);
     }
@@ -127,6 +144,8 @@ std::vector<Param*> GptModel::all_params() const {
 
 GptModel::PositionParams GptModel::params_at(int position) {
     PositionParams out;
+    if (!shape_.holds(position))
+        return out;
     if (position < 0) {
         out.dense.push_back(&embedding_);
     } else if (position >= shape_.num_layers) {
@@ -143,8 +162,11 @@ GptModel::PositionParams GptModel::params_at(int position) {
 void GptModel::init_weights(uint64_t seed) {
     const float std = shape_.init_std;
     const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_layers));
-    init_normal(embedding_, seed, std);
+    if (shape_.holds(-1))
+        init_normal(embedding_, seed, std);
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
+        if (!shape_.holds(l))
+            continue;
         LayerParams& p = layers_[static_cast<size_t>(l)];
         init_ones(p.input_norm);
         init_ones(p.pre_mlp_norm);
@@ -174,6 +196,8 @@ void GptModel::init_weights(uint64_t seed) {
             init_normal(p.moe.shared.fc2, seed, out_std);
         }
     }
+    if (!shape_.holds(shape_.num_layers))
+        return;
     init_ones(final_norm_);
     if (!shape_.tie_embeddings)
         init_normal(output_, seed, std);
@@ -388,6 +412,40 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
         default:
             EPO_CHECK(false, "node {} is not a layer node", schedule::node_name(c.node));
     }
+}
+
+Tensor GptModel::transfer_tensor(const schedule::NodeCall& c) {
+    using schedule::NodeKind;
+    MicroBatch& m = micro_batch(c.micro_batch);
+    const auto at = static_cast<size_t>(c.layer);
+    EPO_CHECK(c.layer >= 0 && c.layer <= shape_.num_layers, "transfer of position {}", c.layer);
+    switch (c.node) {
+        case NodeKind::kSendForward:
+            EPO_CHECK(m.x[at] != nullptr, "micro-batch {} sends x[{}] before it exists",
+                      c.micro_batch, c.layer);
+            return m.x[at]->t;
+        case NodeKind::kSendBackward:
+            EPO_CHECK(m.dx[at] != nullptr, "micro-batch {} sends dx[{}] before it exists",
+                      c.micro_batch, c.layer);
+            return m.dx[at]->t;
+        case NodeKind::kRecvForward:
+            return handoff(m.x, c.layer);
+        case NodeKind::kRecvBackward:
+            return handoff(m.dx, c.layer);
+        default:
+            EPO_CHECK(false, "node {} is not a pipeline transfer", schedule::node_name(c.node));
+    }
+    return Tensor();
+}
+
+void GptModel::transfer_done(const schedule::NodeCall& c) {
+    using schedule::NodeKind;
+    MicroBatch& m = micro_batch(c.micro_batch);
+    if (c.node == NodeKind::kSendForward)
+        release_handoff(m.x, c.layer);
+    if (c.node == NodeKind::kSendBackward)
+        release_handoff(m.dx, c.layer);
+    account(m);
 }
 
 // The backward is the forward's list reversed (weight gradients inside each backward call).

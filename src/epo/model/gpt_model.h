@@ -15,6 +15,9 @@
 // two, a pipeline schedule more). Layer states, output states and hand-off tensors come from
 // pools as a micro-batch's forward reaches them and go back when its backward is done; the pools
 // report the bytes in use and their peak (the "peak activation bytes" metric).
+// With pipeline parallelism the model holds only its stage's positions (the others' parameters
+// are not allocated), and the hand-off tensors at a chunk's edges are filled and emptied by the
+// pipeline's transfers (transfer_tensor / transfer_done) instead of a neighbouring position.
 // forward_backward() is the same work as a straight list of calls, one micro-batch after
 // another on the calling thread: the reference both schedules are tested against.
 //
@@ -58,7 +61,23 @@ struct GptShape {
     bool tie_embeddings = false;
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
+    // Pipeline parallelism (schedule/pipeline_schedule.h): P stages of V chunks, this rank's
+    // stage. Layers are cut into P V blocks of L / (P V); chunk c of stage s holds block c P + s,
+    // stage 0 the embedding, stage P-1 the output position.
+    int pipeline_size = 1;
+    int virtual_pipeline_size = 1;
+    int pipeline_rank = 0;
 
+    // Whether this rank's stage holds model position p (-1 the embedding, 0..L-1 the layers, L
+    // the output position).
+    bool holds(int64_t position) const {
+        if (position < 0)
+            return pipeline_rank == 0;
+        if (position >= num_layers)
+            return pipeline_rank == pipeline_size - 1;
+        const int64_t block = position / (num_layers / (pipeline_size * virtual_pipeline_size));
+        return block % pipeline_size == pipeline_rank;
+    }
     int64_t tokens() const { return micro_batch_size * seq_length; }
     int64_t num_local_experts() const { return moe.num_experts / ep_size; }
 };
@@ -155,6 +174,12 @@ public:
     void forward(int mb, comm::Communicator& ep, Arena& scratch);
     void backward(int mb, comm::Communicator& ep, Arena& scratch);
     void forward_backward(int mb, comm::Communicator& ep, Arena& scratch);
+    // A pipeline transfer (schedule::is_pipeline_transfer) of a call's micro-batch: the tensor it
+    // moves, x[p] for a forward one and dx[p] for a backward one ((T, H) f32, p = call.layer); a
+    // receive acquires it. After the transfer, transfer_done() returns a sent tensor to its pool
+    // (the receiving stage holds its own copy).
+    Tensor transfer_tensor(const schedule::NodeCall& call);
+    void transfer_done(const schedule::NodeCall& call);
     // Micro-batches with a forward begun and a backward not finished.
     int num_in_flight() const;
     // After the step's nodes finished.

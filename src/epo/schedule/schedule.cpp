@@ -147,7 +147,8 @@ struct Builder {
 
 StreamId stream_of(NodeKind node) {
     return node == NodeKind::kDispatch || node == NodeKind::kCombine ||
-                   node == NodeKind::kGradReduce || node == NodeKind::kParamGather
+                   node == NodeKind::kGradReduce || node == NodeKind::kParamGather ||
+                   is_pipeline_transfer(node)
                ? StreamId::kComm
                : StreamId::kCompute;
 }
@@ -170,6 +171,14 @@ const char* node_name(NodeKind node) {
             return "grad_reduce";
         case NodeKind::kParamGather:
             return "param_gather";
+        case NodeKind::kSendForward:
+            return "send_forward";
+        case NodeKind::kRecvForward:
+            return "recv_forward";
+        case NodeKind::kSendBackward:
+            return "send_backward";
+        case NodeKind::kRecvBackward:
+            return "recv_backward";
     }
     return "?";
 }
@@ -187,6 +196,14 @@ const char* phase_name(Phase phase) {
 }
 
 std::string call_name(const NodeCall& c) {
+    if (c.stage >= 0) {
+        NodeCall plain = c;
+        plain.stage = plain.chunk = -1;
+        return fmt::format("stage{}.chunk{}.{}", c.stage, c.chunk, call_name(plain));
+    }
+    if (is_pipeline_transfer(c.node)) {
+        return fmt::format("mb{}.x{}.{}", c.micro_batch, c.layer, node_name(c.node));
+    }
     if (c.node == NodeKind::kGradReduce || c.node == NodeKind::kParamGather) {
         return fmt::format("mb{}.bucket{}.{}", c.micro_batch, c.layer, node_name(c.node));
     }

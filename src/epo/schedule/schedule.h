@@ -53,7 +53,14 @@ enum class NodeKind {
     kCombine,
     kOutput,
     kGradReduce,
-    kParamGather
+    kParamGather,
+    // Pipeline point-to-point transfers (pipeline_schedule.h), on the comm stream: the
+    // activations x[layer] to the next stage / from the previous one, and their gradients
+    // dx[layer] back.
+    kSendForward,
+    kRecvForward,
+    kSendBackward,
+    kRecvBackward
 };
 enum class Phase { kForward, kBackward, kBackwardDw };
 enum class StreamId { kCompute, kComm };
@@ -69,12 +76,16 @@ struct NodeCall {
     // The parameter bucket whose gather this call waits for (the first forward use of the
     // bucket's weights in the step); -1: none.
     int wait_bucket = -1;
+    // Pipeline parallelism (pipeline_schedule.h): the stage issuing the call and the model chunk
+    // it belongs to; -1 outside a pipeline schedule.
+    int stage = -1;
+    int chunk = -1;
 
     bool operator==(const NodeCall&) const = default;
 };
 
 // Which stream a node runs on (docs/design.md "A layer is four nodes"): dispatch, combine,
-// gradient reduction and parameter gather on the comm stream.
+// gradient reduction, parameter gather and the pipeline's transfers on the comm stream.
 StreamId stream_of(NodeKind node);
 // A side branch of its micro-batch (gradient reduction, parameter gather): the micro-batch's
 // next call does not wait for it.
@@ -86,10 +97,16 @@ inline bool is_side_branch(NodeKind node) {
 inline bool waits_for_micro_batch(NodeKind node) {
     return node != NodeKind::kParamGather;
 }
+inline bool is_pipeline_transfer(NodeKind node) {
+    return node == NodeKind::kSendForward || node == NodeKind::kRecvForward ||
+           node == NodeKind::kSendBackward || node == NodeKind::kRecvBackward;
+}
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
 // "mb3.layer1.mlp.backward" style names for traces and logs; "mb7.bucket0.grad_reduce" for a
-// gradient bucket's reduction, "mb0.bucket3.param_gather" for a parameter bucket's gather.
+// gradient bucket's reduction, "mb0.bucket3.param_gather" for a parameter bucket's gather. A call
+// of a pipeline schedule carries its stage and chunk in front:
+// "stage1.chunk0.mb3.layer5.mlp.forward".
 std::string call_name(const NodeCall& call);
 
 struct ScheduleShape {

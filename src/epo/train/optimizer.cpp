@@ -34,14 +34,14 @@ LrDecayStyle lr_style(config::LrDecayStyle s) {
     return LrDecayStyle::kLinear;
 }
 
-// Sum of squares of the gradients of params[begin, end) (one group), scaled by `factor`, added in
-// (parameter, shard) order so that both optimizers get the same bits: the distributed one, which
-// has only its own shards reduced, computes its shards and gathers the others' partial sums.
-double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::Communicator& group,
-                   float factor) {
+// Sums of squares of the gradients of params[begin, end) (one group), scaled by `factor`, one per
+// (parameter, shard): parts[j * g + r] is shard r of parameter begin + j. The distributed
+// optimizer, which has only its own shards reduced, computes its shards and gathers the others'
+// partial sums, so both optimizers get the same bits.
+std::vector<double> square_parts(const OptimizerState& state, size_t begin, size_t end,
+                                 comm::Communicator& group, float factor) {
     const int g = group.size();
     const size_t k = end - begin;
-    // parts[j * g + r]: shard r of parameter begin + j.
     std::vector<double> parts(k * static_cast<size_t>(g), 0.0);
     for (size_t j = 0; j < k; ++j) {
         Param& p = *state.params[begin + j];
@@ -63,6 +63,35 @@ double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::
             for (size_t j = 0; j < k; ++j)
                 parts[j * g + r] = all[r * k + j];
     }
+    return parts;
+}
+
+// With pipeline stages: this stage's parts at their places in the whole model's order
+// (norm_slots from `begin`), the stages' vectors gathered over pp, and at each place the one
+// stage's value that is not an exact zero (added in stage order: x + 0 = x).
+std::vector<double> model_parts(const OptimizerState& state, const std::vector<double>& parts,
+                                size_t begin, size_t end, int num_model, int g,
+                                comm::Communicator& pp) {
+    const size_t n = static_cast<size_t>(num_model) * static_cast<size_t>(g);
+    std::vector<double> mine(n, 0.0), all(n * static_cast<size_t>(pp.size()));
+    for (size_t j = 0; j < end - begin; ++j) {
+        const auto slot = static_cast<size_t>(state.norm_slots[begin + j]);
+        for (int r = 0; r < g; ++r)
+            mine[slot * g + r] = parts[j * g + r];
+    }
+    pp.all_gather(std::span<const double>(mine), std::span<double>(all));
+    std::vector<double> out(n, 0.0);
+    for (int s = 0; s < pp.size(); ++s)
+        for (size_t i = 0; i < n; ++i)
+            out[i] += all[static_cast<size_t>(s) * n + i];
+    return out;
+}
+
+double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::Communicator& group,
+                   float factor, int num_model, comm::Communicator& pp) {
+    std::vector<double> parts = square_parts(state, begin, end, group, factor);
+    if (!state.norm_slots.empty())
+        parts = model_parts(state, parts, begin, end, num_model, group.size(), pp);
     double sum = 0;
     for (double v : parts)
         sum += v;
@@ -74,8 +103,10 @@ double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::
 double global_grad_norm(const OptimizerState& state, comm::ProcessGroups& groups) {
     const float inv_dp = 1.0f / static_cast<float>(state.dp_size);
     const size_t num_params = state.params.size(), num_dense = state.num_dense;
-    const double dense_sq = sum_squares(state, 0, num_dense, groups.dp, inv_dp);
-    double expert_sq = sum_squares(state, num_dense, num_params, groups.edp, inv_dp);
+    const double dense_sq =
+        sum_squares(state, 0, num_dense, groups.dp, inv_dp, state.num_model_dense, groups.pp);
+    double expert_sq = sum_squares(state, num_dense, num_params, groups.edp, inv_dp,
+                                   state.num_model_expert, groups.pp);
     // Dense gradients are identical on every rank; expert gradients differ across the EP group,
     // whose sums of squares are added up in rank order.
     if (groups.ep.size() > 1)
@@ -134,8 +165,9 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
     state.params = dense;
     state.params.insert(state.params.end(), expert.begin(), expert.end());
     state.num_dense = dense.size();
-    // TP = PP = CP = 1 at run time (runtime-support checks): every rank is a data-parallel rank.
-    state.dp_size = groups.world.size();
+    // TP = CP = 1 at run time (runtime-support checks): every rank of a stage is a
+    // data-parallel rank, and the dp group is the stage's (the world without PP).
+    state.dp_size = groups.dp.size();
     state.distributed =
         config.use_distributed_optimizer && (groups.dp.size() > 1 || groups.edp.size() > 1);
     state.param_gather_overlap = state.distributed && config.overlap_param_gather;

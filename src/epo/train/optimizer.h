@@ -18,6 +18,10 @@
 //          + sum over EP ranks r of (sum over r's expert params and shards of sum(g^2))
 // each (parameter, shard) sum taken by scale_and_sum_squares, the terms added in (parameter,
 // shard) order and the EP ranks' totals in rank order, so every layout gets the same bits.
+// With pipeline parallelism each stage holds some parameters: every (parameter, shard) term is
+// put at its place in the whole model's parameter order (norm_slots), the stages' terms are
+// gathered over the pipeline group, and the sum runs over the whole model in that order, as at
+// PP = 1 (the other stages' places hold exact zeros, which change no bit).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,10 @@ struct OptimizerState {
     bool param_gather_overlap = false;  // gathers run in the next step's first forward
     bool params_pending = false;        // compute copies wait for that gather
     int dp_size = 1;                    // the gradients' averaging divisor
+    // Pipeline parallelism: params[i]'s index in the whole model's dense (i < num_dense) or
+    // expert parameter order, and the sizes of those orders. Empty: one stage holds everything.
+    std::vector<int> norm_slots;
+    int num_model_dense = 0, num_model_expert = 0;
 
     comm::Communicator& group_of(size_t i, comm::ProcessGroups& groups) const {
         return i >= num_dense ? groups.edp : groups.dp;

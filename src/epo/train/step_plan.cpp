@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "epo/config/finalize.h"
 #include "epo/core/error.h"
+#include "epo/schedule/pipeline_schedule.h"
 #include "epo/train/grad_buckets.h"
 
 namespace epo::train {
@@ -49,6 +51,38 @@ int64_t grad_bytes(const std::vector<int64_t>& sizes) {
     return bytes;
 }
 
+// PP > 1: the stage's lists from pipeline_schedule.h; the optimizer step reduces and gathers.
+StepPlan with_pipeline_schedule(StepPlan plan, const config::Config& cfg,
+                                const model::GptShape& shape) {
+    const config::ModelConfig& m = cfg.model;
+    plan.reduce_in_buckets = false;
+    plan.param_gather_overlap = false;
+    plan.shape = schedule::ScheduleShape{static_cast<int>(config::num_microbatches(cfg)),
+                                         shape.moe_layers, m.delay_wgrad_compute};
+    const schedule::PipelineShape p{.num_stages = plan.num_stages,
+                                    .num_chunks = plan.num_chunks,
+                                    .num_micro_batches = plan.shape.num_micro_batches,
+                                    .moe_layers = shape.moe_layers,
+                                    .overlap = plan.overlap,
+                                    .delay_wgrad = m.delay_wgrad_compute};
+    try {
+        plan.stage_calls = schedule::pipeline_schedules(p);
+    } catch (const std::invalid_argument& e) {
+        throw Error(
+            ErrorKind::kConfig,
+            fmt::format("step plan: {} (model.pipeline_model_parallel_size {}, "
+                        "model.virtual_pipeline_model_parallel_size {}, {} micro-batches "
+                        "per step = train.global_batch_size / (micro batch x DP)); "
+                        "choose a global batch whose micro-batch count is a multiple of "
+                        "PP",
+                        e.what(), plan.num_stages, plan.num_chunks, plan.shape.num_micro_batches));
+    }
+    EPO_CHECK(shape.pipeline_rank >= 0 && shape.pipeline_rank < plan.num_stages, "stage {} of {}",
+              shape.pipeline_rank, plan.num_stages);
+    plan.calls = plan.stage_calls[static_cast<size_t>(shape.pipeline_rank)];
+    return plan;
+}
+
 }  // namespace
 
 PositionParamSizes param_sizes_at(const model::GptShape& s, int position) {
@@ -68,21 +102,15 @@ PositionParamSizes param_sizes_at(const model::GptShape& s, int position) {
 StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape) {
     const config::ModelConfig& m = cfg.model;
     const int64_t world = config::world_size(cfg);
-    if (m.pipeline_model_parallel_size != 1) {
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("step plan: model.pipeline_model_parallel_size is {}; the "
-                                "schedules are single-stage, set it to 1",
-                                m.pipeline_model_parallel_size));
-    }
     // Megatron-Core's groups: DP = world / (TP * PP * CP), EDP = world / (ETP * EP * PP).
     const int64_t model_parallel = config::model_parallel_size(m);
-    const int64_t expert_parallel =
-        int64_t{config::expert_tensor_parallel_size(m)} * m.expert_model_parallel_size;
+    const int64_t expert_parallel = int64_t{config::expert_tensor_parallel_size(m)} *
+                                    m.expert_model_parallel_size * m.pipeline_model_parallel_size;
     if (world <= 0 || world % model_parallel != 0 || world % expert_parallel != 0) {
         throw Error(ErrorKind::kConfig,
                     fmt::format("step plan: a world of {} ranks (comm.num_nodes x "
-                                "comm.gpus_per_node) does not split into TP x CP = {} or ETP x "
-                                "EP = {}; state a topology both divide",
+                                "comm.gpus_per_node) does not split into TP x PP x CP = {} or "
+                                "ETP x EP x PP = {}; state a topology both divide",
                                 world, model_parallel, expert_parallel));
     }
     StepPlan plan;
@@ -93,6 +121,10 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
     plan.reduce_in_buckets = cfg.ddp.overlap_grad_reduce && has_group;
     plan.distributed_optimizer = cfg.ddp.use_distributed_optimizer && has_group;
     plan.param_gather_overlap = plan.distributed_optimizer && cfg.ddp.overlap_param_gather;
+    plan.num_stages = m.pipeline_model_parallel_size;
+    plan.num_chunks = config::virtual_pipeline_size(m);
+    if (plan.num_stages > 1)
+        return with_pipeline_schedule(plan, cfg, shape);
     plan.shape = schedule::ScheduleShape{static_cast<int>(config::num_microbatches(cfg)),
                                          shape.moe_layers, m.delay_wgrad_compute};
 

@@ -13,9 +13,13 @@
 // data-parallel size (EDP) > 1. One bucket list serves both the gradient reduction and the
 // parameter gather, as in the reference.
 //
-// What it deliberately doesn't do: pipeline stages (PP = 1: the schedules are single-stage), or
-// any sizes the model does not allocate (multi-latent attention and MTP layers are not part of
-// GptShape, so their parameters are not counted).
+// Pipeline parallelism (PP > 1): the plan is that of the shape's stage (shape.pipeline_rank), from
+// schedule/pipeline_schedule.h, with every stage's lists kept (stage_calls) so that any rank can
+// check a call name of another stage. Gradients are then reduced by the optimizer step (no
+// buckets inside the schedule) and the distributed optimizer gathers there too.
+//
+// What it deliberately doesn't do: any sizes the model does not allocate (multi-latent attention
+// and MTP layers are not part of GptShape, so their parameters are not counted).
 #pragma once
 
 #include <cstdint>
@@ -50,14 +54,18 @@ struct StepPlan {
     bool param_gather_overlap = false;   // gathers in the next step's first forward
     schedule::ScheduleShape shape;       // with grad_bucket_ends / param_bucket_ends as used
     std::vector<schedule::NodeCall> calls;
+    int num_stages = 1;  // PP
+    int num_chunks = 1;  // VPP (1 when unset)
+    // PP > 1: every stage's calls, [stage][call]; calls is stage_calls[shape.pipeline_rank].
+    std::vector<std::vector<schedule::NodeCall>> stage_calls;
     // Firing order; bucket b closes at buckets[b].positions.back(). Empty when neither bucketed
     // reduction nor overlapped gather is on.
     std::vector<PlanBucket> buckets;
 };
 
 // `cfg` finalized, with its topology stated (config::world_size > 0); `shape` the model shape
-// (gpt_shape_from_config; the EP rank does not matter). kConfig for pipeline parallelism (PP > 1)
-// or a topology that leaves no whole data-parallel group.
+// (gpt_shape_from_config, with its pipeline fields; the EP rank does not matter). kConfig for a
+// topology that leaves no whole data-parallel group, or a pipeline the schedules cannot split.
 StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape);
 
 }  // namespace epo::train

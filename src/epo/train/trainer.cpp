@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <span>
+#include <unordered_map>
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/config/finalize.h"
@@ -22,6 +24,12 @@ int64_t now_ns() {
         .count();
 }
 
+// The stage holding layer l (gpt_model.h's GptShape::holds).
+int stage_of_layer(const model::GptShape& s, int64_t l) {
+    return static_cast<int>((l / (s.num_layers / (s.pipeline_size * s.virtual_pipeline_size))) %
+                            s.pipeline_size);
+}
+
 }  // namespace
 
 Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
@@ -35,18 +43,33 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     }
     const int ep_size = cfg.model.expert_model_parallel_size;
     num_micro_batches_ = config::num_microbatches(cfg);
+    // Stages of world / PP consecutive ranks, pipeline outermost (topology.h's order).
+    const int num_stages = cfg.model.pipeline_model_parallel_size;
+    const int stage_size = world_size_ / num_stages;
+    stage_ = world_rank_ / stage_size;
+    rank_in_stage_ = world_rank_ % stage_size;
 
     // The plan and the injection check first: both need no peer, so a refusal happens on every
     // rank before any collective work.
-    const model::GptShape shape = model::gpt_shape_from_config(cfg, ep_size, world_rank_ % ep_size);
+    model::GptShape shape = model::gpt_shape_from_config(cfg, ep_size, rank_in_stage_ % ep_size);
+    shape.pipeline_size = num_stages;
+    shape.virtual_pipeline_size = config::virtual_pipeline_size(cfg.model);
+    shape.pipeline_rank = stage_;
     plan_ = make_step_plan(cfg, shape);
     injected_failure_ = injected_failure_from_env();
-    if (injected_failure_)
-        check_injected_failure(*injected_failure_, world_size_, cfg.train.train_iters, plan_.calls);
+    if (injected_failure_) {
+        // Checked against the targeted rank's stage's calls, identically on every rank.
+        const int target = injected_failure_->rank;
+        const bool staged = num_stages > 1 && target >= 0 && target < world_size_;
+        check_injected_failure(
+            *injected_failure_, world_size_, cfg.train.train_iters,
+            staged ? plan_.stage_calls[static_cast<size_t>(target / stage_size)] : plan_.calls);
+    }
 
     const comm::ParallelLayout layout{.world_size = world_size_,
                                       .expert_model_parallel_size = ep_size,
-                                      .gpus_per_node = config::gpus_per_node(cfg.comm)};
+                                      .gpus_per_node = config::gpus_per_node(cfg.comm),
+                                      .pipeline_model_parallel_size = num_stages};
     comm::CommOptions comm_options;
     comm_options.timeout_s = cfg.comm.timeout_s;
     comm_options.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
@@ -61,9 +84,14 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     model_ = std::make_unique<model::GptModel>(shape);
     model_->init_weights(static_cast<uint64_t>(cfg.train.seed));
     optimizer_config_ = optimizer_config_from(cfg);
+    // With stages the distributed optimizer gathers in the optimizer step (step_plan.h).
+    if (num_stages > 1)
+        optimizer_config_.overlap_param_gather = false;
     optimizer_ = make_optimizer_state(model_->dense_params(), model_->expert_params(), groups,
                                       optimizer_config_);
     EPO_CHECK_EQ(optimizer_.distributed, plan_.distributed_optimizer);
+    if (num_stages > 1)
+        set_norm_slots();
     // The plan's buckets with this model's parameters, position by position in backward order;
     // only those with a group to reduce over take part.
     for (const PlanBucket& planned : plan_.buckets) {
@@ -88,6 +116,50 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
 
 Trainer::~Trainer() = default;
 
+// Each parameter's index in the whole model's dense / expert order (optimizer.h): positions -1
+// to L in turn, each with as many parameters as step_plan's param_sizes_at lists for it.
+void Trainer::set_norm_slots() {
+    const model::GptShape& s = model_->shape();
+    std::unordered_map<const Param*, int> slot_of;
+    int dense = 0, expert = 0;
+    for (int position = schedule::kEmbeddingPosition; position <= s.num_layers; ++position) {
+        const PositionParamSizes sizes = param_sizes_at(s, position);
+        const model::GptModel::PositionParams held = model_->params_at(position);
+        if (s.holds(position)) {
+            EPO_CHECK(held.dense.size() == sizes.dense.size() &&
+                          held.expert.size() == sizes.expert.size(),
+                      "position {} holds {} + {} parameters, the plan counts {} + {}", position,
+                      held.dense.size(), held.expert.size(), sizes.dense.size(),
+                      sizes.expert.size());
+            for (size_t i = 0; i < held.dense.size(); ++i)
+                slot_of[held.dense[i]] = dense + static_cast<int>(i);
+            for (size_t i = 0; i < held.expert.size(); ++i)
+                slot_of[held.expert[i]] = expert + static_cast<int>(i);
+        }
+        dense += static_cast<int>(sizes.dense.size());
+        expert += static_cast<int>(sizes.expert.size());
+    }
+    optimizer_.norm_slots.clear();
+    for (const Param* p : optimizer_.params)
+        optimizer_.norm_slots.push_back(slot_of.at(p));
+    optimizer_.num_model_dense = dense;
+    optimizer_.num_model_expert = expert;
+}
+
+// A pipeline transfer: a broadcast from the sender on the link between the two stages
+// (process_groups.h). Forward transfers travel on the sender's link (group rank 0 sends),
+// backward ones on the receiver's (group rank 1, the later stage, sends).
+void Trainer::transfer(const schedule::NodeCall& call, comm::ProcessGroups& groups) {
+    using schedule::NodeKind;
+    const bool forward = call.node == NodeKind::kSendForward || call.node == NodeKind::kRecvForward;
+    const bool send = call.node == NodeKind::kSendForward || call.node == NodeKind::kSendBackward;
+    std::optional<comm::Communicator>& link = forward == send ? groups.pp_next : groups.pp_prev;
+    EPO_CHECK(link.has_value(), "{} without pipeline stages", schedule::call_name(call));
+    const Tensor t = model_->transfer_tensor(call);
+    link->broadcast(t.data<float>(), t.nbytes(), forward ? 0 : 1);
+    model_->transfer_done(call);
+}
+
 void Trainer::sync_params() {
     if (!optimizer_.distributed)
         return;
@@ -105,6 +177,10 @@ schedule::NodeBody Trainer::node_body(bool gather_pending) {
         if (call.node == schedule::NodeKind::kGradReduce) {
             const ParamBucket& b = buckets_[static_cast<size_t>(call.layer)];
             reduce_grads(optimizer_, b.dense, b.expert, ctx.comm());
+            return;
+        }
+        if (schedule::is_pipeline_transfer(call.node)) {
+            transfer(call, ctx.comm());
             return;
         }
         if (call.node == schedule::NodeKind::kParamGather) {
@@ -132,7 +208,7 @@ StepResult Trainer::step() {
     for (int mb = 0; mb < n; ++mb) {
         const MicroBatchPosition pos{.step = steps_done_,
                                      .micro_batch = mb,
-                                     .dp_rank = world_rank_,
+                                     .dp_rank = rank_in_stage_,
                                      .dp_size = plan_.dp_size,
                                      .micro_batch_size = s.micro_batch_size,
                                      .global_batch_size = config::global_batch_size(cfg_)};
@@ -198,25 +274,49 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
 
     // Losses: this rank's micro-batch mean, then the mean over data-parallel ranks; the
     // load-balancing loss as the mean over MoE layers and micro-batches of aux loss / coeff.
+    // With stages only the last one has losses; the pipeline group's sum adds exact zeros to
+    // them, so every rank gets the last stage's bits.
     const model::GptShape& s = model_->shape();
     double lm = 0;
-    for (const model::MicroBatchResult& r : model_->results())
-        lm += r.lm_loss;
-    lm /= static_cast<double>(model_->results().size());
-    result.lm_loss = group_sum(groups.dp, lm) / groups.dp.size();
-    double aux_sum = 0;
-    int64_t num_moe_layers = 0;
-    for (int64_t l = 0; l < s.num_layers; ++l) {
-        if (!s.moe_layers[static_cast<size_t>(l)])
-            continue;
-        ++num_moe_layers;
-        aux_sum += model_->layer_stats()[static_cast<size_t>(l)].aux_loss;
+    if (s.holds(s.num_layers)) {
+        for (const model::MicroBatchResult& r : model_->results())
+            lm += r.lm_loss;
+        lm /= static_cast<double>(model_->results().size());
     }
+    result.lm_loss = group_sum(groups.dp, lm) / groups.dp.size();
+    if (groups.pp.size() > 1)
+        result.lm_loss = group_sum(groups.pp, result.lm_loss);
+    int64_t num_moe_layers = 0;
+    for (int64_t l = 0; l < s.num_layers; ++l)
+        num_moe_layers += s.moe_layers[static_cast<size_t>(l)];
     if (num_moe_layers > 0 && s.moe.aux_loss_coeff > 0) {
-        const double local = aux_sum / s.moe.aux_loss_coeff /
+        const double local = load_balancing_sum(groups) / s.moe.aux_loss_coeff /
                              (static_cast<double>(num_moe_layers) * num_micro_batches_);
         result.load_balancing_loss = group_sum(groups.dp, local) / groups.dp.size();
     }
+}
+
+// Sum over MoE layers, in layer order, of the step's aux loss; with stages each layer's value
+// comes from the stage holding it (gathered over the pipeline group), so the order is PP = 1's.
+double Trainer::load_balancing_sum(comm::ProcessGroups& groups) const {
+    const model::GptShape& s = model_->shape();
+    const auto L = static_cast<size_t>(s.num_layers);
+    std::vector<double> mine(L, 0.0), all(L * static_cast<size_t>(groups.pp.size()));
+    for (size_t l = 0; l < L; ++l) {
+        if (s.moe_layers[l] && s.holds(static_cast<int64_t>(l)))
+            mine[l] = model_->layer_stats()[l].aux_loss;
+    }
+    if (groups.pp.size() > 1) {
+        groups.pp.all_gather(std::span<const double>(mine), std::span<double>(all));
+        for (size_t l = 0; l < L; ++l)
+            mine[l] = all[static_cast<size_t>(stage_of_layer(s, static_cast<int64_t>(l))) * L + l];
+    }
+    double sum = 0;
+    for (size_t l = 0; l < L; ++l) {
+        if (s.moe_layers[l])
+            sum += mine[l];
+    }
+    return sum;
 }
 
 }  // namespace epo::train

@@ -4,7 +4,10 @@
 // compute stream the optimizer step (optimizer.h: reduction, norm, clipping, AdamW, gathers), the
 // expert-bias update and the step's loss reduction.
 //
-// Every rank runs the same Trainer; collectives go through each stream's own communicators.
+// Every rank runs the same Trainer; collectives go through each stream's own communicators. With
+// pipeline parallelism (docs/pipeline.md) a rank runs its stage's part of the model and of the
+// schedule; losses come from the last stage and the grad norm is summed over the whole model in
+// one order, so the results equal PP = 1's with the same data-parallel size, bit for bit.
 // Both schedules run the same nodes, kernels and collectives in the same per-parameter order, so
 // losses and parameters are bit-identical between them (docs/design.md).
 #pragma once
@@ -72,6 +75,10 @@ public:
     const model::GptShape& shape() const { return model_->shape(); }
     int world_rank() const { return world_rank_; }
     int world_size() const { return world_size_; }
+    // Pipeline parallelism: this rank's stage (0 without PP) and its place inside the stage (its
+    // data-parallel rank; the world rank without PP).
+    int stage() const { return stage_; }
+    int rank_in_stage() const { return rank_in_stage_; }
     int64_t num_micro_batches() const { return num_micro_batches_; }
     // Model FLOPs of one step over all ranks (reference formula).
     double step_flops() const { return step_flops_; }
@@ -109,11 +116,16 @@ private:
     void finish_step(runtime::StreamContext& ctx, StepResult& result);
     schedule::NodeBody node_body(bool gather_pending);
     void add_stream_records(StepResult& result);
+    void transfer(const schedule::NodeCall& call, comm::ProcessGroups& groups);
+    void set_norm_slots();
+    double load_balancing_sum(comm::ProcessGroups& groups) const;
 
     config::Config cfg_;
     TrainerOptions options_;
     int world_rank_ = 0;
     int world_size_ = 1;
+    int stage_ = 0;
+    int rank_in_stage_ = 0;
     int64_t num_micro_batches_ = 1;
     int64_t steps_done_ = 0;
     double step_flops_ = 0;

@@ -7,6 +7,8 @@
 //   <param name>.exp_avg_sq    Adam's second moment v
 //   decoder.layers.<l>.mlp.router.expert_bias   when the router has one (updated from token
 //                                                counts, not by the optimizer)
+// With pipeline parallelism a rank's file holds its stage's tensors (its layout is part of the
+// checkpoint's, so a resume under another pipeline layout is refused naming both).
 // Scalars in the metadata: iteration (= Adam's step count and the LR schedule's position),
 // consumed samples (the data position: sample indices are a pure function of the step).
 // Gradients are not saved: they are zero between steps.
@@ -37,6 +39,8 @@ std::vector<io::NamedTensor> state_views(model::GptModel& model, const std::vect
     }
     const model::GptShape& s = model.shape();
     for (int64_t l = 0; l < s.num_layers; ++l) {
+        if (!s.holds(l))
+            continue;  // another pipeline stage's layer
         const Tensor& bias = model.layer(static_cast<int>(l)).moe.router.expert_bias;
         if (s.moe_layers[static_cast<size_t>(l)] && bias.defined())
             views.push_back({fmt::format("decoder.layers.{}.mlp.router.expert_bias", l), bias});
