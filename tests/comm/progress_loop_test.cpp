@@ -22,6 +22,19 @@ TEST(DataSleepSchedule, CapIsAFractionOfTheExpectedTimeWithinBounds) {
     EXPECT_EQ(data_sleep_schedule(arrival, data, 10.0).max_sleep_us, data.max_sleep_us);
 }
 
+// A sleep ends before the observed rate has moved bytes_per_sleep (128 KiB): 2 ms binds at
+// 500 Mbit/s (62.5 MB/s: 2.1 ms), 128 KiB does at 2 Gbit/s (250 MB/s: 0.52 ms), and no rate
+// takes a sleep below the first one.
+TEST(DataSleepSchedule, CapShrinksWithTheObservedRate) {
+    const WaitPolicy arrival;
+    const DataWaitPolicy data;
+    EXPECT_EQ(data_sleep_schedule(arrival, data, 10.0, 62.5e6).max_sleep_us, data.max_sleep_us);
+    EXPECT_DOUBLE_EQ(data_sleep_schedule(arrival, data, 10.0, 250e6).max_sleep_us,
+                     data.bytes_per_sleep / 250e6 * 1e6);
+    EXPECT_EQ(data_sleep_schedule(arrival, data, 10.0, 1e12).max_sleep_us, arrival.min_sleep_us);
+    EXPECT_EQ(data_sleep_schedule(arrival, data, 10.0, 0).max_sleep_us, data.max_sleep_us);
+}
+
 TEST(TransferRate, FirstMeasurementReplacesTheGuessLaterOnesAverage) {
     TransferRate rate;
     EXPECT_EQ(rate.bytes_per_s(), TransferRate::kInitialBytesPerS);

@@ -93,18 +93,23 @@ void validate_comm_options(const CommOptions& options) {
     }
     const auto& d = options.data_wait;
     if (!(d.sleep_fraction > 0 && d.sleep_fraction <= 1 && d.max_sleep_us >= w.min_sleep_us &&
-          d.max_sleep_us <= 1e6)) {
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("data wait policy sleep_fraction={} max_sleep_us={}: need 0 < "
-                                "sleep_fraction <= 1 and min_sleep_us ({}) <= max_sleep_us <= 1e6",
-                                d.sleep_fraction, d.max_sleep_us, w.min_sleep_us));
+          d.max_sleep_us <= 1e6 && d.bytes_per_sleep > 0)) {
+        throw Error(
+            ErrorKind::kConfig,
+            fmt::format("data wait policy sleep_fraction={} max_sleep_us={} "
+                        "bytes_per_sleep={}: need 0 < sleep_fraction <= 1, min_sleep_us "
+                        "({}) <= max_sleep_us <= 1e6 and bytes_per_sleep > 0",
+                        d.sleep_fraction, d.max_sleep_us, d.bytes_per_sleep, w.min_sleep_us));
     }
 }
 
 SleepSchedule data_sleep_schedule(const WaitPolicy& arrival, const DataWaitPolicy& data,
-                                  double expected_s) {
-    const double cap =
-        std::clamp(expected_s * 1e6 * data.sleep_fraction, arrival.min_sleep_us, data.max_sleep_us);
+                                  double expected_s, double bytes_per_s) {
+    double longest = data.max_sleep_us;
+    if (bytes_per_s > 0)
+        longest = std::min(longest, data.bytes_per_sleep / bytes_per_s * 1e6);
+    const double cap = std::clamp(expected_s * 1e6 * data.sleep_fraction, arrival.min_sleep_us,
+                                  std::max(longest, arrival.min_sleep_us));
     return SleepSchedule{arrival.spin_us, arrival.min_sleep_us, cap};
 }
 
@@ -387,8 +392,8 @@ void Communicator::move_data(const Op& op, OpStats& stats) {
             bells_->ring(t.peer);
     }
     const int64_t busiest = std::max(transfer_sent_, transfer_recv_);
-    const SleepSchedule schedule =
-        data_sleep_schedule(options_.wait, options_.data_wait, rate_.expected_s(busiest));
+    const SleepSchedule schedule = data_sleep_schedule(
+        options_.wait, options_.data_wait, rate_.expected_s(busiest), rate_.bytes_per_s());
     const auto timeout = std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9));
     const auto deadline = start + timeout;
     auto guard = watchdog_->watch(

@@ -61,14 +61,22 @@ struct WaitPolicy {
 // the link (docs/runtime.md "Data phase" has the sweep behind these numbers). Same-host peers ring
 // the doorbell when they have posted their sends or taken this rank's bytes, so shared-memory
 // transfers are not slowed by the sleeps.
+//
+// A fixed cap is right for one link speed only: over TCP each test hands the kernel what its
+// socket takes (Open MPI's TCP transport moves 128 KiB fragments), and the link drains that in
+// 2 ms at 500 Mbit/s but in 0.5 ms at 2 Gbit/s; a 2 ms sleep there left the link idle three
+// quarters of the time (all-to-alls at 1.3-1.55x their time with 20 us sleeps, on the emulated
+// cluster). So a sleep also ends before the observed rate has moved bytes_per_sleep.
 struct DataWaitPolicy {
     double sleep_fraction = 0.125;
     double max_sleep_us = 2000;
+    double bytes_per_sleep = 128 << 10;
 };
 
-// The phase-2 sleep schedule for a transfer expected to take `expected_s`.
+// The phase-2 sleep schedule for a transfer expected to take `expected_s` on a link observed to
+// move `bytes_per_s` (0: not known, the rate cap does not apply).
 SleepSchedule data_sleep_schedule(const WaitPolicy& arrival, const DataWaitPolicy& data,
-                                  double expected_s);
+                                  double expected_s, double bytes_per_s = 0);
 
 struct CommOptions {
     double timeout_s = 300;  // comm.timeout_s: longest wait on peers before the job ends
