@@ -15,6 +15,7 @@ TEST(NodeKind, StripsMicroBatchAndLayer) {
     EXPECT_EQ(node_kind_of("mb3.layer1.dispatch.forward"), "dispatch.forward");
     EXPECT_EQ(node_kind_of("mb12.layer10.mlp.backward_dw"), "mlp.backward_dw");
     EXPECT_EQ(node_kind_of("mb0.embedding.forward"), "embedding.forward");
+    EXPECT_EQ(node_kind_of("mb3.layer1.dispatch.forward.chunk12"), "dispatch.forward");
     EXPECT_EQ(node_kind_of("wait mb3"), "wait");
     EXPECT_EQ(node_kind_of("optimizer_step"), "optimizer_step");
 }
