@@ -15,6 +15,7 @@ TEST(NodeKind, StripsMicroBatchAndLayer) {
     EXPECT_EQ(node_kind_of("mb3.layer1.dispatch.forward"), "dispatch.forward");
     EXPECT_EQ(node_kind_of("mb12.layer10.mlp.backward_dw"), "mlp.backward_dw");
     EXPECT_EQ(node_kind_of("mb0.embedding.forward"), "embedding.forward");
+    EXPECT_EQ(node_kind_of("mb3.layer1.dispatch.forward.chunk12"), "dispatch.forward");
     EXPECT_EQ(node_kind_of("wait mb3"), "wait");
     EXPECT_EQ(node_kind_of("optimizer_step"), "optimizer_step");
 }
@@ -56,6 +57,48 @@ TEST(BenchTable, WarnsWhenTheAchievedRatioMissesTheCalibration) {
     EXPECT_EQ(table_for(nullptr).find("warning"), std::string::npos);  // link model as configured
     EXPECT_EQ(table_for({{"target_ratio", 1.0}, {"achieved_ratio", nullptr}}).find("warning"),
               std::string::npos);
+}
+
+// The table puts the critical-path bound next to the theoretical cap 2NC/(NC+1), and the comm
+// threads' CPU time next to their communication time.
+TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
+    const auto run = [](const char* name, nlohmann::json bound) {
+        return nlohmann::json{{"name", name},
+                              {"step_time_s", {{"median", 2.0}, {"min", 2.0}, {"max", 2.0}}},
+                              {"tokens_per_s", 1.0},
+                              {"tflops_per_rank", 1.0},
+                              {"compute_s", 1.0},
+                              {"comm_s", 0.8},
+                              {"exposed_comm_s", 0.5},
+                              {"comm_cpu_s", 0.2},
+                              {"speedup_vs_baseline", nullptr},
+                              {"overlap_efficiency", nullptr},
+                              {"critical_path_bound_s", std::move(bound)},
+                              {"peak_rss_bytes", 1.0},
+                              {"losses_match_baseline", true},
+                              {"grad_norms_match_baseline", true},
+                              {"params_match_baseline", true},
+                              {"baseline_differences", ""}};
+    };
+    const std::string table = format_table(
+        {{"runs", {run("baseline", nullptr), run("overlap", 1.25)}},
+         {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
+         {"calibration", nullptr},
+         {"num_micro_batches", 2},
+         {"num_token_chunks", 2},
+         {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)},
+         {"overlap_speedup", 1.45},
+         {"overlap_efficiency", 0.9},
+         {"loss_bitwise_identical", true},
+         {"bitwise_identical", true}});
+    EXPECT_NE(table.find("overlap: critical-path bound 1.250 s = at most 1.60x; theoretical cap "
+                         "2NC/(NC+1) = 1.60x (N = 2, C = 2)"),
+              std::string::npos)
+        << table;
+    EXPECT_NE(table.find("baseline: comm threads' CPU 0.200 s per step for 0.800 s of "
+                         "communication (25%)"),
+              std::string::npos)
+        << table;
 }
 
 TEST(OverlapEfficiency, AgainstTheBound) {

@@ -221,6 +221,41 @@ TEST(MoeRules, MO006ExpertBiasNeedsSigmoid) {
     }));
 }
 
+// Token chunks: equal chunks of the micro-batch's tokens, dropless, alltoall, MoE models only;
+// each error names the field, its value and the fix.
+TEST(MoeRules, MO007TokenChunks) {
+    const auto chunks = [](int n) {
+        return [n](Config& c) { c.model.moe_ep_overlap_num_chunks = n; };
+    };
+    EXPECT_FALSE(fires("MO007", chunks(1)));
+    EXPECT_FALSE(fires("MO007", chunks(2)));  // tiny-moe: 1 x 128 tokens
+    EXPECT_FALSE(fires("MO007", chunks(128)));
+    const ValidationReport odd = check(chunks(3));
+    ASSERT_TRUE(has(odd.errors, "MO007"));
+    for (const Finding& f : odd.errors) {
+        if (f.id == "MO007") {
+            EXPECT_EQ(f.field, "model.moe_ep_overlap_num_chunks");
+            EXPECT_EQ(f.value, "3");
+            EXPECT_NE(f.message.find("128 tokens"), std::string::npos) << f.message;
+            EXPECT_NE(f.fix.find("divides 128"), std::string::npos) << f.fix;
+        }
+    }
+    EXPECT_TRUE(fires("MO007", [](Config& c) {
+        c.model.moe_ep_overlap_num_chunks = 2;
+        c.model.moe_expert_capacity_factor = 1.0;
+    }));
+    EXPECT_TRUE(fires("MO007", [](Config& c) {
+        c.model.moe_ep_overlap_num_chunks = 2;
+        c.model.moe_token_dispatcher_type = DispatcherType::kAllgather;
+    }));
+    EXPECT_TRUE(fires("MO007", [](Config& c) {
+        c.model.moe_ep_overlap_num_chunks = 2;
+        c.model.num_moe_experts.reset();
+        c.model.expert_model_parallel_size = 1;
+    }));
+    EXPECT_FALSE(check(chunks(0)).ok());  // the field's range: at least 1
+}
+
 TEST(MoeRules, DenseModelsSkipMoeChecks) {
     const ValidationReport r = check([](Config& c) {
         c.model.num_moe_experts.reset();

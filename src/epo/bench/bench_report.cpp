@@ -9,6 +9,7 @@
 #include "epo/bench/trace.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/core/error.h"
+#include "epo/schedule/schedule.h"
 
 namespace epo::bench {
 namespace {
@@ -85,6 +86,7 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes) {
             {"params_match_baseline", r.params_match_baseline},
             {"baseline_differences", r.baseline_differences},
             {"critical_path_bound_s", optional_json(r.critical_path_bound_s)},
+            {"num_token_chunks", r.config.model.moe_ep_overlap_num_chunks},
             {"overlap_efficiency", optional_json(r.overlap_efficiency)},
             {"speedup_vs_baseline", optional_json(r.speedup_vs_baseline)},
             {"nodes", std::move(nodes)}};
@@ -133,6 +135,11 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
             {"gpus_per_node", config::gpus_per_node(c.comm)},
             {"expert_model_parallel_size", c.model.expert_model_parallel_size},
             {"num_micro_batches", config::num_microbatches(c)},
+            {"num_token_chunks", c.model.moe_ep_overlap_num_chunks},
+            // The overlap schedule's speedup cap at comm = compute (schedule.h).
+            {"theoretical_cap",
+             schedule::overlap_speedup_cap(static_cast<int>(config::num_microbatches(c)),
+                                           c.model.moe_ep_overlap_num_chunks)},
             {"global_batch_size", config::global_batch_size(c)},
             {"seq_length", c.model.seq_length},
             {"steps_per_run", c.train.train_iters},
@@ -165,6 +172,41 @@ std::string opt_fixed(const nlohmann::json& v, const char* fmt_spec, const char*
         return none;
     }
     return fmt::format(fmt::runtime(fmt_spec), v.get<double>());
+}
+
+// The bounds on the overlap's speedup, next to each other: the critical-path bound of each
+// overlap run (baseline median / its replayed bound) and the schedule's theoretical cap
+// 2NC / (NC + 1) (schedule.h); and each run's comm-thread CPU time next to its communication
+// time. Empty for documents without them.
+std::string caps_line(const nlohmann::json& m) {
+    std::string out;
+    double base = 0;
+    for (const auto& r : m.at("runs")) {
+        if (r.value("name", "") == "baseline")
+            base = r.at("step_time_s").at("median").get<double>();
+    }
+    for (const auto& r : m.at("runs")) {
+        if (r.contains("comm_cpu_s") && r.at("comm_s").get<double>() > 0) {
+            out += fmt::format(
+                "{}: comm threads' CPU {:.3f} s per step for {:.3f} s of "
+                "communication ({:.0f}%)\n",
+                r.value("name", ""), r.at("comm_cpu_s").get<double>(), r.at("comm_s").get<double>(),
+                100.0 * r.at("comm_cpu_s").get<double>() / r.at("comm_s").get<double>());
+        }
+        const auto bound = r.find("critical_path_bound_s");
+        if (bound != r.end() && bound->is_number() && base > 0) {
+            out +=
+                fmt::format("{}: critical-path bound {:.3f} s = at most {:.2f}x",
+                            r.value("name", ""), bound->get<double>(), base / bound->get<double>());
+            if (m.contains("theoretical_cap")) {
+                out += fmt::format("; theoretical cap 2NC/(NC+1) = {:.2f}x (N = {}, C = {})",
+                                   m.at("theoretical_cap").get<double>(),
+                                   m.value("num_micro_batches", 0), m.value("num_token_chunks", 1));
+            }
+            out += "\n";
+        }
+    }
+    return out;
 }
 
 }  // namespace
@@ -235,6 +277,7 @@ std::string format_table(const nlohmann::json& m) {
                 achieved, target, achieved, target);
         }
     }
+    out += caps_line(m);
     out += fmt::format(
         "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
         "{}; losses, grad norms and final parameters bit-identical: {}\n",

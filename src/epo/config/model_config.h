@@ -83,6 +83,10 @@ struct ModelConfig {
     DispatcherType moe_token_dispatcher_type = DispatcherType::kAllgather;
     std::optional<FlexBackend> moe_flex_dispatcher_backend;
     bool moe_permute_fusion = false;
+    // Chunks of a micro-batch's tokens in each MoE layer's dispatch/mlp/combine, so one chunk's
+    // all-to-all runs under another's experts (docs/chunked-overlap.md); 1: whole micro-batches.
+    // The reference's open proposal names the feature moe_ep_chunk_overlap; this is its count.
+    int moe_ep_overlap_num_chunks = 1;
 
     // Precision.
     bool bf16 = false;
@@ -169,6 +173,7 @@ struct ModelConfig {
         v("moe_token_dispatcher_type", s.moe_token_dispatcher_type);
         v("moe_flex_dispatcher_backend", s.moe_flex_dispatcher_backend);
         v("moe_permute_fusion", s.moe_permute_fusion);
+        v("moe_ep_overlap_num_chunks", s.moe_ep_overlap_num_chunks, positive);
         v("bf16", s.bf16);
         v("fp16", s.fp16);
         v("recompute_granularity", s.recompute_granularity);

@@ -119,7 +119,54 @@ void check_layout(const RuleContext& ctx) {
     }
 }
 
+namespace {
+
+// MO007: token chunks (docs/chunked-overlap.md "Configuration"). Equal chunks of the T tokens a
+// rank routes per micro-batch; dropless (a capacity per chunk would drop other tokens than one
+// per micro-batch); the alltoall dispatcher (the one the chunked tests cover). With or without
+// EP overlap: the baseline with chunks is the overlap's reference.
+void check_token_chunks(const RuleContext& ctx) {
+    const ModelConfig& m = ctx.user.model;
+    const int chunks = m.moe_ep_overlap_num_chunks;
+    if (chunks <= 1) {
+        return;
+    }
+    const std::string field = "model.moe_ep_overlap_num_chunks";
+    const std::string fix_one = "or set model.moe_ep_overlap_num_chunks=1";
+    if (!is_moe(m)) {
+        ctx.error("MO007", field, show(chunks),
+                  "token chunks split the dispatch of MoE layers; this is a dense model",
+                  "set model.moe_ep_overlap_num_chunks=1");
+        return;
+    }
+    const std::int64_t tokens = std::int64_t{ctx.user.train.micro_batch_size} * m.seq_length;
+    if (tokens % chunks != 0) {
+        ctx.error("MO007", field, show(chunks),
+                  fmt::format("the {} tokens of a micro-batch (train.micro_batch_size {} x "
+                              "model.seq_length {}) do not split into {} equal chunks",
+                              tokens, ctx.user.train.micro_batch_size, m.seq_length, chunks),
+                  fmt::format("use a number of chunks that divides {}, {}", tokens, fix_one));
+    }
+    if (m.moe_expert_capacity_factor) {
+        ctx.error("MO007", field, show(chunks),
+                  "token chunks need dropless routing: a capacity per chunk would drop other "
+                  "tokens than the capacity of the whole micro-batch",
+                  "set model.moe_expert_capacity_factor=null, " + fix_one);
+    }
+    // The finalized dispatcher: flex without a backend runs as alltoall (W009).
+    const DispatcherType dispatcher = ctx.fin.model.moe_token_dispatcher_type;
+    if (dispatcher != DispatcherType::kAlltoall) {
+        ctx.error("MO007", field, show(chunks),
+                  fmt::format("token chunks run with the alltoall token dispatcher only (got {})",
+                              show(dispatcher)),
+                  "set model.moe_token_dispatcher_type=alltoall, " + fix_one);
+    }
+}
+
+}  // namespace
+
 void check_moe(const RuleContext& ctx) {
+    check_token_chunks(ctx);
     const ModelConfig& m = ctx.user.model;
     if (!is_moe(m)) {
         return;

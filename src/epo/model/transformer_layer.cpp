@@ -32,6 +32,22 @@ moe::MoeBlock block_of(const LayerShape& s, const LayerParams& p, const NodeArgs
     return moe::MoeBlock{s.moe, const_cast<moe::MoeLayerParams&>(p.moe), *a.dispatcher};
 }
 
+// The chunk a MoE layer's dispatch/mlp/combine node runs on: its NodeCall's, or 0 (the whole
+// micro-batch) when the block is not chunked.
+int chunk_of(const LayerShape& s, const NodeArgs& a) {
+    const bool chunked = s.moe.num_token_chunks > 1;
+    EPO_CHECK(chunked == (a.token_chunk >= 0),
+              "a MoE layer's node with token chunk {} in a block of {} chunk(s) "
+              "(moe_ep_overlap_num_chunks and the schedule's num_token_chunks disagree)",
+              a.token_chunk, s.moe.num_token_chunks);
+    return chunked ? a.token_chunk : 0;
+}
+
+// Rows [begin, end) of the micro-batch that a chunked node covers (all of them when whole).
+moe::TokenRows rows_of(const LayerShape& s, const NodeArgs& a) {
+    return moe::token_chunk_rows(s.tokens, s.moe.num_token_chunks, chunk_of(s, a));
+}
+
 }  // namespace
 
 LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
@@ -112,7 +128,7 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
 
 void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
                       const NodeArgs& a) {
-    moe::block_dispatch_forward(block_of(s, p, a), *a.comms, st.moe, st.arena);
+    moe::block_dispatch_forward(block_of(s, p, a), *a.comms, st.moe, st.arena, chunk_of(s, a));
 }
 
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
@@ -123,21 +139,27 @@ void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, cons
         add_into(st.h, y, out);
         return;
     }
-    moe::block_mlp_forward(block_of(s, p, a), st.moe, st.arena);
+    moe::block_mlp_forward(block_of(s, p, a), st.moe, st.arena, chunk_of(s, a));
 }
 
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                      const NodeArgs& a) {
-    Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
-    moe::block_combine_forward(block_of(s, p, a), *a.comms, st.moe, y);
-    add_into(st.h, y, out);
+    const moe::TokenRows r = rows_of(s, a);
+    Tensor y = a.scratch->alloc({r.end - r.begin, s.hidden}, DType::kF32);
+    moe::block_combine_forward(block_of(s, p, a), *a.comms, st.moe, y, chunk_of(s, a));
+    add_into(st.h.rows(r.begin, r.end), y, out.rows(r.begin, r.end));
 }
 
 void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
                       const Tensor& d_out, const NodeArgs& a) {
-    st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
-    to_compute(d_out, st.d_out_c);
-    moe::block_combine_backward(block_of(s, p, a), *a.comms, st.d_out_c, st.moe, st.arena);
+    // Each chunk converts its rows; the first chunk's backward (the comm stream runs them in
+    // order) allocates the whole of d_out_c, which the pre_dispatch backward reads.
+    const moe::TokenRows r = rows_of(s, a);
+    if (!st.d_out_c.defined())
+        st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
+    to_compute(d_out.rows(r.begin, r.end), st.d_out_c.rows(r.begin, r.end));
+    moe::block_combine_backward(block_of(s, p, a), *a.comms, st.d_out_c, st.moe, st.arena,
+                                chunk_of(s, a));
 }
 
 void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
@@ -148,7 +170,7 @@ void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Ten
         st.dn2 = st.arena.alloc_zeros({s.tokens, s.hidden}, DType::kF32);
         moe::shared_expert_backward_dgrad(p.dense, st.d_out_c, st.dn2, st.mlp, st.arena);
     } else {
-        moe::block_mlp_backward(block_of(s, p, a), st.moe, st.arena);
+        moe::block_mlp_backward(block_of(s, p, a), st.moe, st.arena, chunk_of(s, a));
     }
     if (with_wgrad)
         mlp_backward_dw(s, p, st, a);
@@ -159,13 +181,13 @@ void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const 
     if (!s.is_moe) {
         moe::shared_expert_backward_wgrad(p.dense, fusion, st.mlp, *a.scratch);
     } else {
-        moe::block_mlp_backward_dw(block_of(s, p, a), st.moe, *a.scratch);
+        moe::block_mlp_backward_dw(block_of(s, p, a), st.moe, *a.scratch, chunk_of(s, a));
     }
 }
 
 void dispatch_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
                        const NodeArgs& a) {
-    moe::block_dispatch_backward(block_of(s, p, a), *a.comms, st.moe);
+    moe::block_dispatch_backward(block_of(s, p, a), *a.comms, st.moe, chunk_of(s, a));
 }
 
 void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable& rope,

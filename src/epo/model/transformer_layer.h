@@ -19,7 +19,10 @@
 // layer does not.
 //
 // A node reads the layer's parameters and writes only its own LayerState (one per micro-batch
-// and layer), so two micro-batches can run through the same layer on two streams. Dense layers
+// and layer), so two micro-batches can run through the same layer on two streams. With token
+// chunks (s.moe.num_token_chunks = C > 1) a MoE layer's dispatch, mlp and combine run per chunk
+// (NodeArgs::token_chunk), and two chunks of one micro-batch may run at once (moe_block.h): the
+// combine of chunk c writes rows [c T / C, (c + 1) T / C) of the layer output. Dense layers
 // have no dispatch/combine nodes. Residual stream and its gradient are f32; what feeds a GEMM
 // is the compute dtype.
 //
@@ -97,6 +100,9 @@ struct NodeArgs {
     const moe::TokenDispatcher* dispatcher = nullptr;  // MoE layers: the model's dispatcher
     Arena* scratch = nullptr;      // the running stream's scratch (reset per node)
     float loss_grad_scale = 1.0f;  // 1 / number of micro-batches
+    // The call's token chunk (schedule::NodeCall::token_chunk): 0..C-1 for a chunked MoE node,
+    // -1 for a whole one.
+    int token_chunk = -1;
 };
 
 void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
@@ -105,7 +111,7 @@ void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
 // Dense layers: writes out (T, H) f32 = h + mlp(n2). MoE layers: `out` is unused.
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                  const NodeArgs& a);
-// out (T, H) f32 = h + moe(n2) (+ shared expert).
+// out (T, H) f32 = h + moe(n2) (+ shared expert); a chunk writes its rows of out.
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                      const NodeArgs& a);
 

@@ -22,11 +22,24 @@
 // A node reads the block's weights and writes only its MoeBlockState (one per micro-batch), so
 // several micro-batches can be between forward and backward through the same weights.
 //
-// Letters: T tokens of the micro-batch on this rank, H hidden, K top-k.
+// Token chunks (cfg.num_token_chunks = C, docs/chunked-overlap.md): dispatch, mlp and combine
+// (and their backwards) run once per chunk c of the rows [c T / C, (c + 1) T / C), each chunk
+// with its own dispatcher state and expert context, so chunk c+1's all-to-all can run on the comm
+// stream while chunk c's experts compute. pre_dispatch stays whole: the router's losses and
+// counts are the micro-batch's (the same as unchunked), and the preprocess plans every chunk's
+// send side there (compute stream, before any chunk communicates). Its backward gathers the
+// chunks' row gradients into one dx pass. A row's forward values do not depend on the chunks;
+// the expert weight gradients are the chunks' partial sums added in chunk order, which rounds
+// differently from one sum over all rows (the tests state the tolerance). C = 1 is the unchunked
+// block, bit for bit.
+//
+// Letters: T tokens of the micro-batch on this rank, Tc = T / C tokens of a chunk, H hidden,
+// K top-k.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "epo/comm/communicator.h"
 #include "epo/moe/experts.h"
@@ -43,11 +56,22 @@ struct MoeBlock {
     const TokenDispatcher& dispatcher;
 };
 
+// One chunk of a micro-batch's tokens through the dispatcher and the experts.
+struct MoeTokenChunk {
+    std::unique_ptr<DispatchState> dispatch;  // the dispatcher's handle
+    ExpertsContext experts;
+};
+
+// Rows [begin, end) of the T tokens that chunk c of C covers: [c T / C, (c + 1) T / C).
+struct TokenRows {
+    std::int64_t begin = 0, end = 0;
+};
+TokenRows token_chunk_rows(std::int64_t num_tokens, std::int64_t num_chunks, int chunk);
+
 // One micro-batch through one block, from its forward until its last backward.
 struct MoeBlockState {
     RouterOutput router;
-    std::unique_ptr<DispatchState> dispatch;  // the dispatcher's handle
-    ExpertsContext experts;
+    std::vector<MoeTokenChunk> chunks;  // [C]
     ExpertsContext shared;
     Tensor shared_out;  // (T, H) f32, with a shared expert
     Tensor dy;          // (T, H) compute dtype: the output gradient, kept for the shared expert
@@ -57,20 +81,24 @@ struct MoeBlockState {
 // The state's buffers come from `arena` (the micro-batch's, kept until its backward).
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
                                 MoeBlockState& st, Arena& arena);
+// The chunked nodes take the chunk `chunk` (0..C-1; 0 with C = 1). Two nodes of different
+// chunks may run at once on two threads, allocating from the same `arena` (arena.h: allocation
+// is thread-safe).
 void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
-                            Arena& arena);
-void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena);
-// y (T, H) f32 = the routed experts' weighted sum (+ shared expert).
+                            Arena& arena, int chunk = 0);
+void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk = 0);
+// y (Tc, H) f32 = the chunk's rows of the routed experts' weighted sum (+ shared expert).
 void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
-                           const Tensor& y);
+                           const Tensor& y, int chunk = 0);
 
 // dy (T, H) compute dtype: gradient of the block output (kept in the state until the
-// pre_dispatch backward).
+// pre_dispatch backward); the chunk reads its rows of it.
 void block_combine_backward(const MoeBlock& b, const DispatchComms& comms, const Tensor& dy,
-                            MoeBlockState& st, Arena& arena);
-void block_mlp_backward(const MoeBlock& b, MoeBlockState& st, Arena& arena);
-void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch);
-void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st);
+                            MoeBlockState& st, Arena& arena, int chunk = 0);
+void block_mlp_backward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk = 0);
+void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch, int chunk = 0);
+void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
+                             int chunk = 0);
 // dx (T, H) f32 = gradient of the block input (overwritten). loss_grad_scale multiplies the
 // aux/z-loss gradients (1 / number of micro-batches).
 void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBlockState& st,

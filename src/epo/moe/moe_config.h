@@ -54,6 +54,9 @@ struct MoeConfig {
     bool gradient_accumulation_fusion = false;  // gradient_accumulation_fusion
     Precision precision = Precision::kBf16;     // bf16 = true / false
     DispatcherKind dispatcher = DispatcherKind::kAlltoall;  // moe_token_dispatcher_type
+    // C: the block's dispatch/mlp/combine run per chunk of T / C tokens (moe_block.h);
+    // moe_ep_overlap_num_chunks.
+    std::int64_t num_token_chunks = 1;
 
     bool has_shared_experts() const { return shared_expert_size > 0; }
 };

@@ -8,11 +8,27 @@ namespace epo::schedule {
 
 void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
                     runtime::RankStreams& streams, NodeBody body) {
+    // One event per (micro-batch, token chunk): events[mb * C + c]. With C = 1 one per
+    // micro-batch, named as before.
+    const int num_chunks = num_token_chunks(calls);
     std::vector<runtime::Event> events;
-    events.reserve(static_cast<size_t>(num_micro_batches));
+    events.reserve(static_cast<size_t>(num_micro_batches * num_chunks));
     for (int mb = 0; mb < num_micro_batches; ++mb) {
-        events.emplace_back(fmt::format("mb{}", mb));
+        for (int c = 0; c < num_chunks; ++c) {
+            events.emplace_back(num_chunks == 1 ? fmt::format("mb{}", mb)
+                                                : fmt::format("mb{}.chunk{}", mb, c));
+        }
     }
+    // The events a call waits for and records: its chunk's, or every chunk's for a whole call
+    // (a whole call joins the chunks: it needs all of them, and each needs it).
+    const auto chunk_events = [&](const NodeCall& call) {
+        const int first = call.token_chunk >= 0 ? call.token_chunk : 0;
+        const int last = call.token_chunk >= 0 ? call.token_chunk + 1 : num_chunks;
+        std::vector<runtime::Event*> out;
+        for (int c = first; c < last; ++c)
+            out.push_back(&events[static_cast<size_t>(call.micro_batch * num_chunks + c)]);
+        return out;
+    };
     // One event per parameter bucket gather (schedule.h): recorded by the gather, waited for by
     // the first forward call that reads the bucket's weights.
     std::vector<runtime::Event> gathered;
@@ -27,11 +43,13 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
     for (const NodeCall& call : calls) {
         runtime::Stream& stream =
             stream_of(call.node) == StreamId::kCompute ? *streams.compute : *streams.comm;
-        runtime::Event& event = events[static_cast<size_t>(call.micro_batch)];
-        // Why: the previous call of this micro-batch may be on the other stream; this wait
-        // binds to its record, so the call starts only when its inputs exist.
-        if (waits_for_micro_batch(call.node))
-            stream.wait(event);
+        const std::vector<runtime::Event*> chain = chunk_events(call);
+        // Why: the previous call of this micro-batch (of this chunk) may be on the other
+        // stream; this wait binds to its record, so the call starts only when its inputs exist.
+        if (waits_for_micro_batch(call.node)) {
+            for (runtime::Event* e : chain)
+                stream.wait(*e);
+        }
         if (call.wait_bucket >= 0)
             stream.wait(gathered.at(static_cast<size_t>(call.wait_bucket)));
         stream.enqueue(call_name(call), [shared_body, call](runtime::StreamContext& ctx) {
@@ -42,7 +60,8 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
         // Side branches (gradient reduction, parameter gather): nothing of the micro-batch waits
         // for them through its event.
         if (!is_side_branch(call.node)) {
-            stream.record(event);
+            for (runtime::Event* e : chain)
+                stream.record(*e);
         }
     }
 }

@@ -17,11 +17,47 @@ struct Builder {
     const ScheduleShape& shape;
     std::vector<NodeCall> calls;
 
+    // Overlap schedule: a micro-batch alone runs a MoE layer's chunks as a pipeline; baseline:
+    // chunk by chunk (schedule.h).
+    bool pipelined = false;
+
     void add(int mb, int layer, NodeKind node, Phase phase, bool delayed = false,
-             int wait_bucket = -1) {
-        calls.push_back(NodeCall{mb, layer, node, phase, delayed, wait_bucket});
+             int wait_bucket = -1, int token_chunk = -1) {
+        calls.push_back(NodeCall{mb, layer, node, phase, delayed, wait_bucket, token_chunk});
     }
     bool moe(int layer) const { return shape.moe_layers[static_cast<size_t>(layer)]; }
+    // The chunks a layer's dispatch/mlp/combine run in: C for a MoE layer, 1 (whole) otherwise.
+    int chunks(int layer) const { return moe(layer) ? shape.num_token_chunks : 1; }
+    // A layer's call for each of its chunks, in ascending order (whole when C = 1).
+    void add_chunks(int mb, int layer, NodeKind node, Phase phase, bool delayed = false) {
+        const int n = chunks(layer);
+        for (int c = 0; c < n; ++c)
+            add(mb, layer, node, phase, delayed, -1, n > 1 ? c : -1);
+    }
+    // A MoE layer's three chunked nodes while its micro-batch runs alone: `in` (comm), `compute`,
+    // `out` (comm) for each chunk, pipelined or chunk by chunk (schedule.h). `after_in` runs
+    // once, right after the last chunk's `in` (C = 1: in, after_in, compute, out as before).
+    template <class AfterIn>
+    void chunk_nodes(int mb, int l, Phase phase, NodeKind in, NodeKind compute, NodeKind out,
+                     AfterIn after_in) {
+        const int n = chunks(l);
+        const auto chunk = [n](int c) { return n > 1 ? c : -1; };
+        const auto add_in = [&](int c) {
+            add(mb, l, in, phase, false, -1, chunk(c));
+            if (c == n - 1)
+                after_in();
+        };
+        if (pipelined)
+            add_in(0);
+        for (int c = 0; c < n; ++c) {
+            if (!pipelined)
+                add_in(c);
+            else if (c + 1 < n)
+                add_in(c + 1);  // why: chunk c+1's communication runs under chunk c's compute
+            add(mb, l, compute, phase, false, -1, chunk(c));
+            add(mb, l, out, phase, false, -1, chunk(c));
+        }
+    }
 
     void layer_forward(int mb, int l) {
         add(mb, l, NodeKind::kPreDispatch, Phase::kForward);
@@ -53,12 +89,13 @@ struct Builder {
         gather(0);
         for (int l = 0; l < num_layers(shape); ++l) {
             first(l, l, NodeKind::kPreDispatch);
-            if (moe(l))
-                add(mb, l, NodeKind::kDispatch, Phase::kForward);
-            gather(l + 1);
-            add(mb, l, NodeKind::kMlp, Phase::kForward);
-            if (moe(l))
-                add(mb, l, NodeKind::kCombine, Phase::kForward);
+            if (moe(l)) {
+                chunk_nodes(mb, l, Phase::kForward, NodeKind::kDispatch, NodeKind::kMlp,
+                            NodeKind::kCombine, [&] { gather(l + 1); });
+            } else {
+                gather(l + 1);
+                add(mb, l, NodeKind::kMlp, Phase::kForward);
+            }
         }
         first(num_layers(shape), -1, NodeKind::kOutput);
     }
@@ -95,12 +132,13 @@ struct Builder {
         add(mb, -1, NodeKind::kOutput, Phase::kBackward);
         close(num_layers(shape));
         for (int l = num_layers(shape) - 1; l >= 0; --l) {
-            if (moe(l))
-                add(mb, l, NodeKind::kCombine, Phase::kBackward);
-            issue();
-            add(mb, l, NodeKind::kMlp, Phase::kBackward);
-            if (moe(l))
-                add(mb, l, NodeKind::kDispatch, Phase::kBackward);
+            if (moe(l)) {
+                chunk_nodes(mb, l, Phase::kBackward, NodeKind::kCombine, NodeKind::kMlp,
+                            NodeKind::kDispatch, issue);
+            } else {
+                issue();
+                add(mb, l, NodeKind::kMlp, Phase::kBackward);
+            }
             add(mb, l, NodeKind::kPreDispatch, Phase::kBackward);
             close(l);
         }
@@ -118,18 +156,18 @@ struct Builder {
         for (int j = 0; j < L; ++j) {
             const int fl = j, bl = L - 1 - j;
             if (moe(bl))
-                add(b, bl, NodeKind::kCombine, Phase::kBackward);  // 1
-            add(f, fl, NodeKind::kPreDispatch, Phase::kForward);   // 2
-            add(b, bl, NodeKind::kMlp, Phase::kBackward, delay);   // 3
+                add_chunks(b, bl, NodeKind::kCombine, Phase::kBackward);  // 1
+            add(f, fl, NodeKind::kPreDispatch, Phase::kForward);          // 2
+            add_chunks(b, bl, NodeKind::kMlp, Phase::kBackward, delay);   // 3
             if (moe(fl))
-                add(f, fl, NodeKind::kDispatch, Phase::kForward);  // 4
+                add_chunks(f, fl, NodeKind::kDispatch, Phase::kForward);  // 4
             if (delay)
-                add(b, bl, NodeKind::kMlp, Phase::kBackwardDw);  // 5
+                add_chunks(b, bl, NodeKind::kMlp, Phase::kBackwardDw);  // 5
             if (moe(bl))
-                add(b, bl, NodeKind::kDispatch, Phase::kBackward);  // 6
-            add(f, fl, NodeKind::kMlp, Phase::kForward);            // 7
+                add_chunks(b, bl, NodeKind::kDispatch, Phase::kBackward);  // 6
+            add_chunks(f, fl, NodeKind::kMlp, Phase::kForward);            // 7
             if (moe(fl))
-                add(f, fl, NodeKind::kCombine, Phase::kForward);          // 8
+                add_chunks(f, fl, NodeKind::kCombine, Phase::kForward);   // 8
             add(b, bl, NodeKind::kPreDispatch, Phase::kBackward, delay);  // 9
             if (delay && bl != 0)
                 add(b, bl, NodeKind::kPreDispatch, Phase::kBackwardDw);  // 10
@@ -210,11 +248,40 @@ std::string call_name(const NodeCall& c) {
     if (c.layer < 0) {
         return fmt::format("mb{}.{}.{}", c.micro_batch, node_name(c.node), phase_name(c.phase));
     }
+    if (c.token_chunk >= 0) {
+        return fmt::format("mb{}.layer{}.{}.{}.chunk{}", c.micro_batch, c.layer, node_name(c.node),
+                           phase_name(c.phase), c.token_chunk);
+    }
     return fmt::format("mb{}.layer{}.{}.{}", c.micro_batch, c.layer, node_name(c.node),
                        phase_name(c.phase));
 }
 
+int num_token_chunks(const std::vector<NodeCall>& calls) {
+    int n = 1;
+    for (const NodeCall& c : calls)
+        n = std::max(n, c.token_chunk + 1);
+    return n;
+}
+
+double overlap_speedup_cap(int num_micro_batches, int num_token_chunks) {
+    const double nc = static_cast<double>(num_micro_batches) * num_token_chunks;
+    return nc > 0 ? 2.0 * nc / (nc + 1.0) : 0.0;
+}
+
+namespace {
+
+void check_schedule_shape(const ScheduleShape& shape) {
+    if (shape.num_token_chunks < 1) {
+        throw std::invalid_argument(
+            fmt::format("num_token_chunks {} must be at least 1 (1: whole micro-batches)",
+                        shape.num_token_chunks));
+    }
+}
+
+}  // namespace
+
 std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape) {
+    check_schedule_shape(shape);
     Builder b{shape, {}};
     b.check_bucket_ends();
     for (int mb = 0; mb < shape.num_micro_batches; ++mb) {
@@ -225,7 +292,9 @@ std::vector<NodeCall> baseline_schedule(const ScheduleShape& shape) {
 }
 
 std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape) {
+    check_schedule_shape(shape);
     Builder b{shape, {}};
+    b.pipelined = true;
     b.check_bucket_ends();
     const int n = shape.num_micro_batches;
     if (n <= 0)

@@ -37,6 +37,20 @@
 // the bucket starting at layer l+1 (or the output layer) is issued right after layer l's
 // dispatch, so it fills the comm stream's gap while layer l's experts run (after layer l's
 // pre_dispatch for a dense layer, which has no dispatch).
+//
+// Token chunks (num_token_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
+// and combine run once per chunk of the micro-batch's tokens (NodeCall::token_chunk = c); the
+// other nodes stay whole (token_chunk = -1). Each (micro-batch, chunk) is its own dependency
+// chain; a whole call joins them (it waits for every chunk and every chunk waits for it). Where a
+// micro-batch runs alone (the baseline's reference order aside), a layer's chunks are a pipeline:
+//   forward   d0 | d1 m0 c0 | d2 m1 c1 | ... | m(C-1) c(C-1)     (d dispatch, m mlp, c combine)
+//   backward  c0 | c1 m0 d0 | c2 m1 d1 | ... | m(C-1) d(C-1)     (each node's backward)
+// so chunk c+1's communication is issued before chunk c's compute and runs under it. The
+// baseline runs chunk by chunk (d0 m0 c0 d1 m1 c1 ...: nothing overlaps, the reference order);
+// the combined step keeps the ten-step pair order with each chunked step expanded into its C
+// chunks in order. Every chunk order is ascending, so the weight gradients of a parameter
+// accumulate in the same order in both schedules (bit-identical). C = 1 gives exactly the lists
+// above (every call whole).
 #pragma once
 
 #include <cstdint>
@@ -80,6 +94,10 @@ struct NodeCall {
     // it belongs to; -1 outside a pipeline schedule.
     int stage = -1;
     int chunk = -1;
+    // The chunk of the micro-batch's tokens a MoE layer's dispatch/mlp/combine runs on, 0..C-1
+    // (ScheduleShape::num_token_chunks); -1: the whole micro-batch (every other call, and every
+    // call when C = 1).
+    int token_chunk = -1;
 
     bool operator==(const NodeCall&) const = default;
 };
@@ -103,10 +121,10 @@ inline bool is_pipeline_transfer(NodeKind node) {
 }
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
-// "mb3.layer1.mlp.backward" style names for traces and logs; "mb7.bucket0.grad_reduce" for a
-// gradient bucket's reduction, "mb0.bucket3.param_gather" for a parameter bucket's gather. A call
-// of a pipeline schedule carries its stage and chunk in front:
-// "stage1.chunk0.mb3.layer5.mlp.forward".
+// "mb3.layer1.mlp.backward" style names for traces and logs ("mb3.layer1.mlp.backward.chunk1"
+// for a token chunk); "mb7.bucket0.grad_reduce" for a gradient bucket's reduction,
+// "mb0.bucket3.param_gather" for a parameter bucket's gather. A call of a pipeline schedule
+// carries its stage and model chunk in front: "stage1.chunk0.mb3.layer5.mlp.forward".
 std::string call_name(const NodeCall& call);
 
 struct ScheduleShape {
@@ -121,7 +139,22 @@ struct ScheduleShape {
     // Parameter buckets gathered during micro-batch 0's forward (same format; the reference uses
     // the gradient buckets). Empty: no gather in the schedule.
     std::vector<int> param_bucket_ends;
+    // C: chunks of each micro-batch's tokens in a MoE layer's dispatch/mlp/combine
+    // (model.moe_ep_overlap_num_chunks); 1: whole micro-batches.
+    int num_token_chunks = 1;
 };
+
+// The number of token chunks a list of calls uses: 1 + the largest token_chunk (at least 1).
+int num_token_chunks(const std::vector<NodeCall>& calls);
+
+// The theoretical cap of the overlap schedule's speedup over the baseline for N micro-batches
+// and C token chunks, at comm = compute with every combined step fully overlapped:
+//   cap = 2 N C / (N C + 1)
+// A micro-batch's compute P (forward + backward) and communication Q = P take 2P in the
+// baseline. The overlap schedule runs N - 1 combined steps of P each (the communication hidden)
+// and the unpaired first forward and last backward; there a C-chunk pipeline exposes only its
+// fill and drain, Q / C of the communication. Total N P + P / C. C = 1: 2N / (N + 1).
+double overlap_speedup_cap(int num_micro_batches, int num_token_chunks);
 
 // Model positions in backward order: the output layer (L), layers L-1 down to 0, embedding (-1).
 inline constexpr int kEmbeddingPosition = -1;

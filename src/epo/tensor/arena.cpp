@@ -51,7 +51,7 @@ Arena& Arena::operator=(Arena&& other) noexcept {
 
 void Arena::add_chunk(std::size_t min_bytes) {
     // Grow geometrically so a growing workload maps O(log) chunks, then merges them on reset().
-    const std::size_t size = round_up(std::max(min_bytes, capacity()), kChunkGranule);
+    const std::size_t size = round_up(std::max(min_bytes, capacity_locked()), kChunkGranule);
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         throw Error(ErrorKind::kInternal, fmt::format("arena '{}': cannot map {} MiB: {}", name_,
@@ -76,6 +76,7 @@ void Arena::release_all() {
 }
 
 Tensor Arena::alloc(const Shape& shape, DType dtype) {
+    const std::lock_guard<std::mutex> lock(mutex_);
     const std::size_t bytes =
         round_up(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), kAlign);
     const std::size_t take = std::max(bytes, kAlign);  // distinct pointers for empty tensors
@@ -89,7 +90,7 @@ Tensor Arena::alloc(const Shape& shape, DType dtype) {
     }
     char* p = chunks_[current_].base + offset_;
     offset_ += take;
-    high_water_ = std::max(high_water_, bytes_in_use());
+    high_water_ = std::max(high_water_, bytes_in_use_locked());
     ASAN_UNPOISON_MEMORY_REGION(p, take);
     return Tensor::wrap(p, shape, dtype);
 }
@@ -101,9 +102,10 @@ Tensor Arena::alloc_zeros(const Shape& shape, DType dtype) {
 }
 
 void Arena::reset() {
+    const std::lock_guard<std::mutex> lock(mutex_);
     if (chunks_.size() > 1) {
         // The last cycle needed more than one chunk: replace them by one chunk that holds all.
-        const std::size_t total = capacity();
+        const std::size_t total = capacity_locked();
         release_all();
         add_chunk(total);
     } else if (!chunks_.empty()) {
@@ -113,10 +115,11 @@ void Arena::reset() {
 }
 
 void Arena::reserve(std::size_t bytes) {
-    if (capacity() - bytes_in_use() >= bytes) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (capacity_locked() - bytes_in_use_locked() >= bytes) {
         return;
     }
-    if (bytes_in_use() == 0) {
+    if (bytes_in_use_locked() == 0) {
         release_all();
         add_chunk(bytes);
     } else {
@@ -125,10 +128,25 @@ void Arena::reserve(std::size_t bytes) {
 }
 
 std::size_t Arena::bytes_in_use() const {
-    return used_before_current_ + offset_;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_in_use_locked();
 }
 
 std::size_t Arena::capacity() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return capacity_locked();
+}
+
+std::size_t Arena::high_water() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return high_water_;
+}
+
+std::size_t Arena::bytes_in_use_locked() const {
+    return used_before_current_ + offset_;
+}
+
+std::size_t Arena::capacity_locked() const {
     std::size_t c = 0;
     for (const Chunk& ch : chunks_) {
         c += ch.size;
