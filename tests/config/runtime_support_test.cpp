@@ -63,6 +63,11 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.pipeline_model_parallel_size = 2;
              c.model.share_embeddings_and_output_weights = true;
          }},
+        {"RT029",
+         [](Config& c) {
+             c.model.pipeline_model_parallel_size = 2;
+             c.model.moe_ep_overlap_num_chunks = 2;
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -134,7 +139,7 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines
 }
 
 TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
-    for (const char* id : {"RT027", "RT028"}) {
+    for (const char* id : {"RT027", "RT028", "RT029"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

@@ -39,8 +39,10 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
+             // Its two layouts that do not run have ids of their own (RT028, RT029).
              return when(c.model.pipeline_model_parallel_size > 1 &&
-                             !c.model.share_embeddings_and_output_weights,
+                             !c.model.share_embeddings_and_output_weights &&
+                             c.model.moe_ep_overlap_num_chunks <= 1,
                          "model.pipeline_model_parallel_size",
                          show(c.model.pipeline_model_parallel_size));
          },
@@ -210,6 +212,17 @@ const std::vector<FeatureRow>& rows() {
          },
          "set model.share_embeddings_and_output_weights=false, or "
          "model.pipeline_model_parallel_size=1"},
+        // The pipeline schedules (pipeline_schedule.h) issue whole-micro-batch calls only.
+        {{"RT029",
+          "token chunks with pipeline parallelism (the pipeline schedules do not split a "
+          "micro-batch's dispatch into chunks)",
+          &RC::pipeline_token_chunks},
+         [](C c) {
+             return when(
+                 c.model.pipeline_model_parallel_size > 1 && c.model.moe_ep_overlap_num_chunks > 1,
+                 "model.moe_ep_overlap_num_chunks", show(c.model.moe_ep_overlap_num_chunks));
+         },
+         "set model.moe_ep_overlap_num_chunks=1, or model.pipeline_model_parallel_size=1"},
     };
     return table;
 }

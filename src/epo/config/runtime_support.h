@@ -48,6 +48,7 @@ struct RuntimeCapabilities {
     bool flex_irregular_nodes = false;        // RT026 (RT017, flex itself, runs now)
     bool virtual_pipeline_one_stage = false;  // RT027
     bool pipeline_tied_embeddings = false;    // RT028
+    bool pipeline_token_chunks = false;       // RT029
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -23,7 +23,13 @@ struct Builder {
 
     void add(int mb, int layer, NodeKind node, Phase phase, bool delayed = false,
              int wait_bucket = -1, int token_chunk = -1) {
-        calls.push_back(NodeCall{mb, layer, node, phase, delayed, wait_bucket, token_chunk});
+        calls.push_back(NodeCall{.micro_batch = mb,
+                                 .layer = layer,
+                                 .node = node,
+                                 .phase = phase,
+                                 .wgrad_delayed = delayed,
+                                 .wait_bucket = wait_bucket,
+                                 .token_chunk = token_chunk});
     }
     bool moe(int layer) const { return shape.moe_layers[static_cast<size_t>(layer)]; }
     // The chunks a layer's dispatch/mlp/combine run in: C for a MoE layer, 1 (whole) otherwise.
