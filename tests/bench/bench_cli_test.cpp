@@ -84,6 +84,22 @@ TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
     }
 }
 
+// The proxy calibrates its link to comm = compute unless a ratio or a fixed link is given; a named
+// model uses its configuration's link unless a ratio is given.
+TEST(BenchCli, TheProxyCalibratesUnlessALinkOrARatioIsGiven) {
+    BenchOptions o;
+    EXPECT_EQ(calibration_ratio(o, true), 1.0);
+    EXPECT_EQ(calibration_ratio(o, false), std::nullopt);
+    o.sources.overrides = {"train.train_iters=3", "comm.link.inter_node_gbps=0.05"};
+    EXPECT_EQ(calibration_ratio(o, true), std::nullopt);
+    o.comm_compute_ratio = 2.0;
+    EXPECT_EQ(calibration_ratio(o, true), 2.0);
+    o.sources.overrides.clear();
+    o.comm_compute_ratio = 0.0;
+    EXPECT_EQ(calibration_ratio(o, true), 0.0);
+    EXPECT_EQ(calibration_ratio(o, false), 0.0);
+}
+
 // With no topology stated epo bench starts the ranks the layout needs, on one node of this host.
 TEST(BenchCli, LaunchWorldSizeFillsAnUnstatedTopology) {
     config::Config c = config::make_recipe("tiny-moe");

@@ -267,5 +267,64 @@ TEST(Bench, RatioZeroTurnsTheLinkModelOff) {
     }
 }
 
+// A flex run reports its inter-node traffic: the copies per token that crossed nodes (one per
+// (token, remote node)) against alltoall's on the same routing (one per (token, remote expert)),
+// next to uniform routing's expectation, and the bytes its dispatches and combines sent across
+// nodes, which the table prints. An alltoall run has none.
+TEST(Bench, FlexRunReportsItsInterNodeCopiesAgainstAlltoall) {
+    const int world = comm::current_world_size();
+    for (const char* dispatcher : {"flex", "alltoall"}) {
+        SCOPED_TRACE(dispatcher);
+        const fs::path out = fs::temp_directory_path() /
+                             ("epo_bench_flex_" + std::string(dispatcher) + std::to_string(getpid()));
+        BenchOptions o = tiny_compare(out);
+        o.compare = false;
+        o.repeats = 1;
+        o.comm_compute_ratio = 0.0;
+        o.sources.overrides.push_back("train.train_iters=3");
+        o.sources.overrides.push_back(std::string("model.moe_token_dispatcher_type=") + dispatcher);
+        if (std::string(dispatcher) == "flex")
+            o.sources.overrides.push_back("model.moe_flex_dispatcher_backend=deepep");
+        std::ostringstream log;
+        const BenchResult result = run_bench(o, log);
+        write_bench_outputs(result, log);
+        if (comm::current_world_rank() != 0)
+            continue;
+        const nlohmann::json m =
+            nlohmann::json::parse(read_all(fs::path(result.run_dir) / "metrics.json"));
+        const nlohmann::json& x = m.at("runs").at(0).at("inter_node");
+        if (std::string(dispatcher) == "alltoall") {
+            EXPECT_TRUE(x.is_null()) << x;
+            EXPECT_EQ(log.str().find("inter-node copies per token"), std::string::npos);
+            fs::remove_all(result.run_dir);
+            continue;
+        }
+        ASSERT_FALSE(x.is_null());
+        const config::Config& c = result.runs.at(0).config;
+        const double k = c.model.moe_router_topk;
+        // tiny-moe on one rank per node: every rank is its own node.
+        EXPECT_EQ(x.at("ep_nodes").get<int>(), world);
+        // Each rank's tokens of a step: its micro-batches of the global batch, all layers.
+        const double tokens = static_cast<double>(c.train.global_batch_size.value()) * c.model.seq_length *
+                              c.model.num_layers;
+        EXPECT_EQ(x.at("tokens_per_step").get<double>(), tokens);
+        const double flex = x.at("flex_copies_per_token").get<double>();
+        const double a2a = x.at("alltoall_copies_per_token").get<double>();
+        EXPECT_GT(flex, 0);
+        EXPECT_LE(flex, world - 1.0);  // at most once per other node
+        EXPECT_GE(a2a, flex);           // deduplication never sends more
+        EXPECT_LE(a2a, k);
+        EXPECT_NEAR(x.at("uniform_alltoall_copies_per_token").get<double>(),
+                    k * (world - 1) / world, 1e-12);
+        EXPECT_LE(x.at("uniform_flex_copies_per_token").get<double>(),
+                  x.at("uniform_alltoall_copies_per_token").get<double>());
+        EXPECT_GT(x.at("dispatch_combine_bytes_per_step").get<double>(), 0);
+        EXPECT_NE(log.str().find("inter-node copies per token"), std::string::npos) << log.str();
+        EXPECT_NE(read_all(fs::path(result.run_dir) / "report.html").find("Inter-node traffic"),
+                  std::string::npos);
+        fs::remove_all(result.run_dir);
+    }
+}
+
 }  // namespace
 }  // namespace epo::bench

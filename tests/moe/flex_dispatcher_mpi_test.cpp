@@ -181,7 +181,9 @@ void run_case(const Case& c, FlexBackend backend, int ep, int gpn,
 
     Run run;
     const comm::ByteCounts peer_before = groups->ep_peer.stats().bytes;
+    const flex::InterNodeCopies copies_before = inter_node_copies_total();
     full_dispatch(cfg, backend, ep, ep_rank, P, mine, *groups, run);
+    const flex::InterNodeCopies copies = inter_node_copies_total() - copies_before;
     FlexDispatch& d = run.d;
 
     std::vector<std::unique_ptr<SourcePlan>> plans;
@@ -210,6 +212,15 @@ void run_case(const Case& c, FlexBackend backend, int ep, int gpn,
         if (m != ep_rank / P)
             remote_msgs += static_cast<std::int64_t>(want.size());
     }
+    // The copies epo bench reports: flex's are the remote messages; alltoall's, on the same
+    // routing, one per plan row (kept slot or padding row) whose expert is on another node.
+    std::int64_t remote_rows = 0;
+    for (std::int64_t r = 0; r < my_plan.num_rows; ++r)
+        remote_rows += expert_of_row(my_plan, r) / L / P != ep_rank / P;
+    EXPECT_EQ(copies, (flex::InterNodeCopies{my_plan.num_tokens, remote_msgs, remote_rows}))
+        << "flex " << copies.flex << " vs " << remote_msgs << ", alltoall " << copies.alltoall
+        << " vs " << remote_rows << ", tokens " << copies.tokens;
+    EXPECT_EQ(copies, flex::inter_node_copies(d.geo, d.source, my_plan.num_tokens, ep_rank));
     // Inter-node traffic: metadata and rows of the remote messages only, once per (token, node).
     const comm::ByteCounts peer_bytes = groups->ep_peer.stats().bytes - peer_before;
     const std::int64_t per_msg = kWidth * 4 + flex::meta_width(d.geo) * 4;

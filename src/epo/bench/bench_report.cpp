@@ -9,6 +9,8 @@
 #include "epo/bench/trace.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/core/error.h"
+#include "epo/moe/flex_layout.h"
+#include "epo/plan/cost_model.h"
 #include "epo/schedule/schedule.h"
 
 namespace epo::bench {
@@ -25,7 +27,8 @@ nlohmann::json node_stats_json(const NodeStatsMap& stats) {
                      {"count", s.count},
                      {"total_s", s.total_s},
                      {"sent", s.bytes.sent()},
-                     {"received", s.bytes.received()}};
+                     {"received", s.bytes.received()},
+                     {"inter_sent", s.bytes.inter_sent}};
     }
     return out;
 }
@@ -43,8 +46,10 @@ nlohmann::json merge_node_stats(const std::vector<std::string>& ranks, size_t nu
                      {"calls_per_step", s["count"].get<double>() / steps},
                      {"seconds_per_step", nlohmann::json::array()},
                      {"bytes_sent_per_step", nlohmann::json::array()},
-                     {"bytes_received_per_step", nlohmann::json::array()}};
+                     {"bytes_received_per_step", nlohmann::json::array()},
+                     {"inter_node_bytes_sent_per_step", nlohmann::json::array()}};
             }
+            k["inter_node_bytes_sent_per_step"].push_back(s["inter_sent"].get<double>() / steps);
             k["seconds_per_step"].push_back(s["total_s"].get<double>() / steps);
             k["bytes_sent_per_step"].push_back(s["sent"].get<double>() / steps);
             k["bytes_received_per_step"].push_back(s["received"].get<double>() / steps);
@@ -53,7 +58,72 @@ nlohmann::json merge_node_stats(const std::vector<std::string>& ranks, size_t nu
     return out;
 }
 
-nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes) {
+std::string copies_json(const moe::flex::InterNodeCopies& c) {
+    return nlohmann::json{{"tokens", c.tokens}, {"flex", c.flex}, {"alltoall", c.alltoall}}.dump();
+}
+
+// Rank 0: a flex run's inter-node traffic (null for alltoall runs): the token copies that crossed
+// nodes per token, measured on this run's routing, against what alltoall would send on the same
+// routing and what uniform top-k routing predicts, and the bytes the dispatches and combines
+// (forward and backward) sent across nodes per step, all ranks together.
+nlohmann::json inter_node_json(const ScheduleRun& r, const std::vector<std::string>& ranks,
+                               const nlohmann::json& nodes) {
+    const config::ModelConfig& m = r.config.model;
+    if (m.moe_token_dispatcher_type != config::DispatcherType::kFlex || !m.num_moe_experts) {
+        return nullptr;
+    }
+    moe::flex::InterNodeCopies sum;
+    for (const std::string& part : ranks) {
+        const nlohmann::json j = nlohmann::json::parse(part);
+        sum += {j.at("tokens").get<int64_t>(), j.at("flex").get<int64_t>(),
+                j.at("alltoall").get<int64_t>()};
+    }
+    const double steps = static_cast<double>(std::max<size_t>(1, r.measured.size()));
+    double bytes = 0;
+    for (const auto& [kind, k] : nodes.items()) {  // "dispatch.forward", "combine.backward", ...
+        if (kind.rfind("dispatch.", 0) == 0 || kind.rfind("combine.", 0) == 0) {
+            for (const auto& b : k.at("inter_node_bytes_sent_per_step"))
+                bytes += b.get<double>();
+        }
+    }
+    const int ep = m.expert_model_parallel_size;
+    const int ep_nodes = ep / moe::flex::flex_ranks_per_node(ep, config::gpus_per_node(r.config.comm));
+    const double tokens = std::max<double>(1.0, static_cast<double>(sum.tokens));
+    const double k = m.moe_router_topk;
+    return {{"ep_nodes", ep_nodes},
+            {"tokens_per_step", static_cast<double>(sum.tokens) / steps},
+            {"flex_copies_per_token", static_cast<double>(sum.flex) / tokens},
+            {"alltoall_copies_per_token", static_cast<double>(sum.alltoall) / tokens},
+            {"uniform_flex_copies_per_token",
+             plan::flex_remote_copies(*m.num_moe_experts, m.moe_router_topk, ep_nodes)},
+            {"uniform_alltoall_copies_per_token", k * (ep_nodes - 1) / ep_nodes},
+            {"dispatch_combine_bytes_per_step", bytes}};
+}
+
+// The table's line for each flex run's inter-node traffic.
+std::string inter_node_line(const nlohmann::json& m) {
+    std::string out;
+    for (const auto& r : m.at("runs")) {
+        const auto it = r.find("inter_node");
+        if (it == r.end() || it->is_null())
+            continue;
+        const nlohmann::json& x = *it;
+        const double flex = x.at("flex_copies_per_token").get<double>();
+        const double a2a = x.at("alltoall_copies_per_token").get<double>();
+        out += fmt::format(
+            "{}: inter-node copies per token {:.3f} (flex) vs {:.3f} (alltoall on the same "
+            "routing){}; uniform routing over {} nodes: {:.3f} vs {:.3f}; dispatch + combine sent "
+            "{:.1f} MiB across nodes per step\n",
+            r.value("name", ""), flex, a2a,
+            a2a > 0 ? fmt::format(", {:.0f}% fewer", 100.0 * (1.0 - flex / a2a)) : "",
+            x.at("ep_nodes").get<int>(), x.at("uniform_flex_copies_per_token").get<double>(),
+            x.at("uniform_alltoall_copies_per_token").get<double>(),
+            x.at("dispatch_combine_bytes_per_step").get<double>() / (1 << 20));
+    }
+    return out;
+}
+
+nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes, nlohmann::json inter_node) {
     std::vector<double> step_times;
     for (const StepMetrics& m : r.measured) {
         step_times.push_back(m.step_time_s);
@@ -89,14 +159,16 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes) {
             {"num_token_chunks", r.config.model.moe_ep_overlap_num_chunks},
             {"overlap_efficiency", optional_json(r.overlap_efficiency)},
             {"speedup_vs_baseline", optional_json(r.speedup_vs_baseline)},
-            {"nodes", std::move(nodes)}};
+            {"nodes", std::move(nodes)},
+            {"inter_node", std::move(inter_node)}};
 }
 
-nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::json> nodes) {
+nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::json> nodes,
+                            std::vector<nlohmann::json> inter_node) {
     const config::Config& c = result.config;
     nlohmann::json runs = nlohmann::json::array();
     for (size_t i = 0; i < result.runs.size(); ++i) {
-        runs.push_back(run_json(result.runs[i], std::move(nodes[i])));
+        runs.push_back(run_json(result.runs[i], std::move(nodes[i]), std::move(inter_node[i])));
     }
     nlohmann::json calibration = nullptr;
     if (const auto& k = result.calibration) {
@@ -222,6 +294,10 @@ std::string format_efficiency(const nlohmann::json& efficiency, bool narrow) {
     return fmt::format("{:.2f}", e);
 }
 
+std::string format_inter_node(const nlohmann::json& metrics) {
+    return inter_node_line(metrics);
+}
+
 std::string format_table(const nlohmann::json& m) {
     std::string out =
         fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {}\n",
@@ -278,6 +354,7 @@ std::string format_table(const nlohmann::json& m) {
         }
     }
     out += caps_line(m);
+    out += inter_node_line(m);
     out += fmt::format(
         "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
         "{}; losses, grad norms and final parameters bit-identical: {}\n",
@@ -288,13 +365,17 @@ std::string format_table(const nlohmann::json& m) {
 }
 
 void write_bench_outputs(const BenchResult& result, std::ostream& out) {
-    std::vector<nlohmann::json> nodes;
+    std::vector<nlohmann::json> nodes, inter_node;
     Trace trace;
     const double timeout_s = result.config.comm.timeout_s;
     for (const ScheduleRun& r : result.runs) {
         const auto parts = gather_strings_to_root(node_stats_json(r.nodes).dump(), timeout_s);
         nodes.push_back(comm::current_world_rank() == 0 ? merge_node_stats(parts, r.measured.size())
                                                         : nlohmann::json::object());
+        const auto copies = gather_strings_to_root(copies_json(r.inter_node_copies), timeout_s);
+        inter_node.push_back(comm::current_world_rank() == 0
+                                 ? inter_node_json(r, copies, nodes.back())
+                                 : nlohmann::json(nullptr));
         static const std::vector<runtime::TaskRecord> kNone;
         gather_trace(trace, r.measured_records.empty() ? kNone : r.measured_records.back(),
                      timeout_s, r.schedule.name);
@@ -302,7 +383,7 @@ void write_bench_outputs(const BenchResult& result, std::ostream& out) {
     if (comm::current_world_rank() != 0) {
         return;
     }
-    const nlohmann::json metrics = metrics_json(result, std::move(nodes));
+    const nlohmann::json metrics = metrics_json(result, std::move(nodes), std::move(inter_node));
     const nlohmann::json trace_doc = trace_json(trace);
     write_file(result.run_dir / "metrics.json", metrics.dump(2) + "\n");
     write_file(result.run_dir / "trace.json", trace_doc.dump() + "\n");

@@ -12,7 +12,12 @@
 //           params_match_baseline, baseline_differences ("" or what differs),
 //           critical_path_bound_s, overlap_efficiency, speedup_vs_baseline,
 //           nodes {kind: {stream, calls_per_step, seconds_per_step[rank],
-//           bytes_sent_per_step[rank], bytes_received_per_step[rank]}}
+//           bytes_sent_per_step[rank], bytes_received_per_step[rank],
+//           inter_node_bytes_sent_per_step[rank]}},
+//           inter_node (flex runs, else null) {ep_nodes, tokens_per_step, flex_copies_per_token,
+//           alltoall_copies_per_token (alltoall on the same routing),
+//           uniform_flex_copies_per_token, uniform_alltoall_copies_per_token,
+//           dispatch_combine_bytes_per_step (all ranks)}
 //   overlap_speedup, overlap_efficiency (the "overlap" run's), loss_bitwise_identical (losses
 //   only), bitwise_identical (losses, grad norms and final parameters of every run),
 //   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null; bytes per step
@@ -44,6 +49,11 @@ inline constexpr double kAchievedRatioTolerance = 0.25;
 
 // The comparison table of a metrics.json document, as printed.
 std::string format_table(const nlohmann::json& metrics);
+
+// One line per flex run: its inter-node token copies per token against alltoall's on the same
+// routing and against uniform routing, and its dispatch + combine bytes across nodes per step;
+// "" without flex runs.
+std::string format_inter_node(const nlohmann::json& metrics);
 
 // An overlap efficiency as shown: "-" when there is none (null), "n/a (overlap slower)" (or
 // "n/a" where `narrow`, a table column) when it is negative: the overlap run was slower than the

@@ -17,6 +17,7 @@
 #include "epo/config/report.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
+#include "epo/moe/flex_dispatcher.h"
 #include "epo/schedule/pipeline_schedule.h"
 #include "epo/schedule/schedule.h"
 #include "epo/train/param_checksum.h"
@@ -103,6 +104,24 @@ struct Logs {
         }
     }
 };
+
+}  // namespace
+
+std::optional<double> calibration_ratio(const BenchOptions& options, bool proxy) {
+    if (options.comm_compute_ratio || !proxy) {
+        return options.comm_compute_ratio;
+    }
+    const auto& overrides = options.sources.overrides;
+    const bool link_given = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
+        return o.rfind("comm.link.", 0) == 0;
+    });
+    if (link_given) {
+        return std::nullopt;
+    }
+    return 1.0;  // the embedded default studies a balanced cluster
+}
+
+namespace {
 
 LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm::JobShape& job,
                           Logs& logs) {
@@ -518,10 +537,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         logs.progress = &log;
     }
 
-    std::optional<double> ratio = options.comm_compute_ratio;
-    if (!ratio && result.proxy) {
-        ratio = 1.0;  // the embedded default studies a balanced cluster
-    }
+    const std::optional<double> ratio = calibration_ratio(options, result.proxy);
     std::vector<std::string> link;
     if (ratio && *ratio > 0) {
         result.calibration = calibrate(options, *ratio, job, logs);
@@ -581,7 +597,9 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
             run.grad_norms.emplace_back();
             run.steps_planned += steps;
             for (int64_t i = 0; i < steps; ++i) {
+                const moe::flex::InterNodeCopies copies0 = moe::inter_node_copies_total();
                 train::StepResult r = trainer.step();
+                const moe::flex::InterNodeCopies copies = moe::inter_node_copies_total() - copies0;
                 const StepMetrics m = gather_step_metrics(work, r);
                 run.losses.back().push_back(r.lm_loss);
                 run.grad_norms.back().push_back(r.grad_norm);
@@ -592,6 +610,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
                 if (!warm_up) {
                     run.measured.push_back(m);
                     add_node_stats(run.nodes, r.records);
+                    run.inter_node_copies += copies;
                     run.measured_records.push_back(std::move(r.records));
                 }
                 const double elapsed = since(measure_t0);

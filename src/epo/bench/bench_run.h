@@ -30,6 +30,7 @@
 #include "epo/comm/mpi_runtime.h"
 #include "epo/config/builder.h"
 #include "epo/config/config.h"
+#include "epo/moe/flex_layout.h"
 
 namespace epo::bench {
 
@@ -86,6 +87,12 @@ struct LinkCalibration {
     double latency_us = 0;
 };
 
+// The comm/compute ratio the link model is calibrated to, or none (the configuration's link):
+// --comm_compute_ratio when given; else 1 for the embedded proxy, unless KEY=VALUE overrides set
+// a comm.link.* key (one fixed link, for runs that must compare like for like, such as two
+// dispatchers on the same cluster); else none.
+std::optional<double> calibration_ratio(const BenchOptions& options, bool proxy);
+
 struct ScheduleRun {
     BenchSchedule schedule;
     config::Config config;                        // finalized
@@ -97,6 +104,9 @@ struct ScheduleRun {
     int64_t peak_rss_bytes = 0;         // largest over ranks and repeats
     int64_t peak_activation_bytes = 0;  // largest over ranks and steps
     NodeStatsMap nodes;                 // this rank, summed over the measured steps
+    // Flex runs: this rank's inter-node token copies (moe/flex_layout.h), summed over the
+    // measured steps; zero for alltoall.
+    moe::flex::InterNodeCopies inter_node_copies;
     std::vector<std::vector<runtime::TaskRecord>> measured_records;  // this rank, per step
     std::vector<schedule::NodeCall> calls;
     CallDurations durations;  // this rank: medians over measured steps

@@ -297,6 +297,9 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
         "bit-identical: <b>{}</b>.</p>\n",
         opt(m.at("overlap_speedup"), "{:.2f}x"), format_efficiency(m.at("overlap_efficiency")),
         m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
+    if (const std::string inter = format_inter_node(m); !inter.empty()) {
+        html += "<h2>Inter-node traffic (flex)</h2>\n<pre>" + escape(inter) + "</pre>\n";
+    }
     html +=
         "<h2>Loss per step</h2>\n<p>Every run's training loss (first repeat); identical "
         "trajectories lie on top of each other.</p>\n" +

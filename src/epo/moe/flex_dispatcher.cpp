@@ -1,5 +1,6 @@
 #include "epo/moe/flex_dispatcher.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "epo/core/error.h"
@@ -9,6 +10,16 @@ namespace epo::moe {
 
 const char* flex_backend_name(FlexBackend b) {
     return b == FlexBackend::kDeepep ? "deepep" : "hybridep";
+}
+
+namespace {
+std::atomic<std::int64_t> g_copy_tokens{0}, g_copy_flex{0}, g_copy_alltoall{0};
+}  // namespace
+
+flex::InterNodeCopies inter_node_copies_total() {
+    return {g_copy_tokens.load(std::memory_order_relaxed),
+            g_copy_flex.load(std::memory_order_relaxed),
+            g_copy_alltoall.load(std::memory_order_relaxed)};
 }
 
 namespace flex {
@@ -95,6 +106,11 @@ void dispatch_preprocess(const MoeConfig& cfg, FlexBackend backend, int ep_size,
     d.geo = make_geometry(cfg, ep_size, ranks_per_node);
     d.plan = moe::dispatch_preprocess(cfg, routing.topk_index, routing.topk_weight, arena);
     d.source = make_source_layout(d.geo, d.plan, routing.topk_index, routing.topk_weight, ep_rank);
+    const InterNodeCopies copies =
+        inter_node_copies(d.geo, d.source, d.plan.num_tokens, ep_rank);
+    g_copy_tokens.fetch_add(copies.tokens, std::memory_order_relaxed);
+    g_copy_flex.fetch_add(copies.flex, std::memory_order_relaxed);
+    g_copy_alltoall.fetch_add(copies.alltoall, std::memory_order_relaxed);
     const std::int64_t Ms = d.source.num_messages(), H = cfg.hidden_size;
     const DType cd = compute_dtype(cfg);
     d.send_rows = arena.alloc({Ms, H}, cd);

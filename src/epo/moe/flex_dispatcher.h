@@ -45,6 +45,11 @@ namespace epo::moe {
 enum class FlexBackend { kDeepep, kHybridep };
 const char* flex_backend_name(FlexBackend b);  // "deepep", "hybridep"
 
+// The sum of flex::inter_node_copies over every dispatch_preprocess of this process so far (the
+// forward dispatches of every layer, micro-batch and token chunk): `epo bench` reads it around
+// each step, as moe_bench reads the GEMM statistics. Thread-safe.
+flex::InterNodeCopies inter_node_copies_total();
+
 // One micro-batch's flex dispatch through one layer (the expert-facing buffers are
 // DispatchState's). Tensors are views into the arenas given to the phases.
 struct FlexDispatch : DispatchState {

@@ -64,6 +64,41 @@ Geometry make_geometry(const MoeConfig& cfg, int ep_size, int ranks_per_node) {
     return g;
 }
 
+InterNodeCopies& InterNodeCopies::operator+=(const InterNodeCopies& o) {
+    tokens += o.tokens;
+    flex += o.flex;
+    alltoall += o.alltoall;
+    return *this;
+}
+
+InterNodeCopies operator-(InterNodeCopies a, const InterNodeCopies& b) {
+    a.tokens -= b.tokens;
+    a.flex -= b.flex;
+    a.alltoall -= b.alltoall;
+    return a;
+}
+
+InterNodeCopies inter_node_copies(const Geometry& g, const SourceLayout& s,
+                                  std::int64_t num_tokens, int ep_rank) {
+    const std::int64_t MW = meta_width(g);
+    const int own = g.node_of_rank(ep_rank);
+    InterNodeCopies c;
+    c.tokens = num_tokens;
+    std::int64_t m = 0;  // messages are node-major
+    for (int node = 0; node < g.num_nodes; ++node) {
+        const std::int64_t end = m + s.node_counts[static_cast<std::size_t>(node)];
+        for (; m < end; ++m) {
+            if (node == own)
+                continue;
+            ++c.flex;
+            const std::int32_t* codes = s.meta.data() + m * MW;
+            for (std::int64_t p = 0; p < g.positions; ++p)
+                c.alltoall += codes[p] >= 0 ? 1 : 0;
+        }
+    }
+    return c;
+}
+
 SourceLayout make_source_layout(const Geometry& g, const DispatchPlan& plan,
                                 const Tensor& topk_index, const Tensor& topk_weight, int ep_rank) {
     const std::int64_t T = plan.num_tokens, K = plan.topk, W = g.positions, MW = meta_width(g);

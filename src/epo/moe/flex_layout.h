@@ -76,6 +76,23 @@ struct SourceLayout {
 SourceLayout make_source_layout(const Geometry& g, const DispatchPlan& plan,
                                 const Tensor& topk_index, const Tensor& topk_weight, int ep_rank);
 
+// The inter-node copies of this rank's tokens: what the flex dispatcher's messages cost the slow
+// link against what the alltoall dispatcher would send on the same routing. flex: messages to
+// other nodes (one row per (token, node)); alltoall: their entries (one row per (token, expert),
+// capacity padding rows included, which alltoall sends as well). Dispatch direction; combine
+// and the backwards repeat the same rows.
+struct InterNodeCopies {
+    std::int64_t tokens = 0;
+    std::int64_t flex = 0;
+    std::int64_t alltoall = 0;
+
+    InterNodeCopies& operator+=(const InterNodeCopies& o);
+    friend InterNodeCopies operator-(InterNodeCopies a, const InterNodeCopies& b);
+    bool operator==(const InterNodeCopies&) const = default;
+};
+InterNodeCopies inter_node_copies(const Geometry& g, const SourceLayout& s,
+                                  std::int64_t num_tokens, int ep_rank);
+
 // A forwarder's units, from the messages it received (`meta`, [Mf * meta_width], in arrival
 // order) for the ranks of its node `node`.
 struct ForwardLayout {
