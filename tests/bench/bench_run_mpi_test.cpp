@@ -275,8 +275,9 @@ TEST(Bench, FlexRunReportsItsInterNodeCopiesAgainstAlltoall) {
     const int world = comm::current_world_size();
     for (const char* dispatcher : {"flex", "alltoall"}) {
         SCOPED_TRACE(dispatcher);
-        const fs::path out = fs::temp_directory_path() /
-                             ("epo_bench_flex_" + std::string(dispatcher) + std::to_string(getpid()));
+        const fs::path out =
+            fs::temp_directory_path() /
+            ("epo_bench_flex_" + std::string(dispatcher) + std::to_string(getpid()));
         BenchOptions o = tiny_compare(out);
         o.compare = false;
         o.repeats = 1;
@@ -305,14 +306,14 @@ TEST(Bench, FlexRunReportsItsInterNodeCopiesAgainstAlltoall) {
         // tiny-moe on one rank per node: every rank is its own node.
         EXPECT_EQ(x.at("ep_nodes").get<int>(), world);
         // Each rank's tokens of a step: its micro-batches of the global batch, all layers.
-        const double tokens = static_cast<double>(c.train.global_batch_size.value()) * c.model.seq_length *
-                              c.model.num_layers;
+        const double tokens = static_cast<double>(c.train.global_batch_size.value()) *
+                              c.model.seq_length * c.model.num_layers;
         EXPECT_EQ(x.at("tokens_per_step").get<double>(), tokens);
         const double flex = x.at("flex_copies_per_token").get<double>();
         const double a2a = x.at("alltoall_copies_per_token").get<double>();
         EXPECT_GT(flex, 0);
         EXPECT_LE(flex, world - 1.0);  // at most once per other node
-        EXPECT_GE(a2a, flex);           // deduplication never sends more
+        EXPECT_GE(a2a, flex);          // deduplication never sends more
         EXPECT_LE(a2a, k);
         EXPECT_NEAR(x.at("uniform_alltoall_copies_per_token").get<double>(),
                     k * (world - 1) / world, 1e-12);

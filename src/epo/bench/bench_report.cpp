@@ -87,7 +87,8 @@ nlohmann::json inter_node_json(const ScheduleRun& r, const std::vector<std::stri
         }
     }
     const int ep = m.expert_model_parallel_size;
-    const int ep_nodes = ep / moe::flex::flex_ranks_per_node(ep, config::gpus_per_node(r.config.comm));
+    const int ep_nodes =
+        ep / moe::flex::flex_ranks_per_node(ep, config::gpus_per_node(r.config.comm));
     const double tokens = std::max<double>(1.0, static_cast<double>(sum.tokens));
     const double k = m.moe_router_topk;
     return {{"ep_nodes", ep_nodes},

@@ -112,9 +112,9 @@ std::optional<double> calibration_ratio(const BenchOptions& options, bool proxy)
         return options.comm_compute_ratio;
     }
     const auto& overrides = options.sources.overrides;
-    const bool link_given = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
-        return o.rfind("comm.link.", 0) == 0;
-    });
+    const bool link_given =
+        std::any_of(overrides.begin(), overrides.end(),
+                    [](const std::string& o) { return o.rfind("comm.link.", 0) == 0; });
     if (link_given) {
         return std::nullopt;
     }

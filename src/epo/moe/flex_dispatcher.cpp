@@ -106,8 +106,7 @@ void dispatch_preprocess(const MoeConfig& cfg, FlexBackend backend, int ep_size,
     d.geo = make_geometry(cfg, ep_size, ranks_per_node);
     d.plan = moe::dispatch_preprocess(cfg, routing.topk_index, routing.topk_weight, arena);
     d.source = make_source_layout(d.geo, d.plan, routing.topk_index, routing.topk_weight, ep_rank);
-    const InterNodeCopies copies =
-        inter_node_copies(d.geo, d.source, d.plan.num_tokens, ep_rank);
+    const InterNodeCopies copies = inter_node_copies(d.geo, d.source, d.plan.num_tokens, ep_rank);
     g_copy_tokens.fetch_add(copies.tokens, std::memory_order_relaxed);
     g_copy_flex.fetch_add(copies.flex, std::memory_order_relaxed);
     g_copy_alltoall.fetch_add(copies.alltoall, std::memory_order_relaxed);

@@ -78,8 +78,8 @@ InterNodeCopies operator-(InterNodeCopies a, const InterNodeCopies& b) {
     return a;
 }
 
-InterNodeCopies inter_node_copies(const Geometry& g, const SourceLayout& s,
-                                  std::int64_t num_tokens, int ep_rank) {
+InterNodeCopies inter_node_copies(const Geometry& g, const SourceLayout& s, std::int64_t num_tokens,
+                                  int ep_rank) {
     const std::int64_t MW = meta_width(g);
     const int own = g.node_of_rank(ep_rank);
     InterNodeCopies c;

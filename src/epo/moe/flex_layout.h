@@ -90,8 +90,8 @@ struct InterNodeCopies {
     friend InterNodeCopies operator-(InterNodeCopies a, const InterNodeCopies& b);
     bool operator==(const InterNodeCopies&) const = default;
 };
-InterNodeCopies inter_node_copies(const Geometry& g, const SourceLayout& s,
-                                  std::int64_t num_tokens, int ep_rank);
+InterNodeCopies inter_node_copies(const Geometry& g, const SourceLayout& s, std::int64_t num_tokens,
+                                  int ep_rank);
 
 // A forwarder's units, from the messages it received (`meta`, [Mf * meta_width], in arrival
 // order) for the ranks of its node `node`.
