@@ -128,37 +128,54 @@ INSTANTIATE_TEST_SUITE_P(Trainer, ChunkedOverlap,
                          chunk_case_name);
 
 // Chunked against unchunked. A token's forward is the same whatever chunk it is in, so the
-// first step's loss is equal bit for bit; the expert weight gradients are sums over other row
-// blocks, so the gradient norms agree to a relative 1e-5 and, after 4 Adam steps, every
-// parameter to 1e-4 absolute (measured on 2 ranks: 2.8e-6 and 1.1e-5, for C = 2 and 4, fused or
-// not; the test prints them).
+// first step's loss is equal bit for bit, and its gradients differ only in the order of the
+// expert weight gradients' sums over row blocks: the first grad norm agrees to a relative 1e-9
+// (this check catches a lost or doubled chunk). Adam then amplifies that rounding: its update is
+// about lr * g / |g|, so an element whose gradient is rounding noise around zero moves by up to lr
+// either way, and the runs drift apart. Later grad norms therefore agree to 1e-4, the parameters
+// after 4 steps in RMS to lr / 10 and element-wise to lr (tiny-moe: 1e-3). Measured on AMD EPYC
+// without AMX (the test prints them): first grad norm 1e-12 apart at 2 and 4 ranks; at 4 ranks
+// with C = 4, later grad norms 1.3e-5 apart, parameters 7.7e-6 RMS and 4.3e-4 at most (2 ranks
+// on Intel Xeon with AMX: at most 1.1e-5).
 TEST(ChunkedOverlap, ChunkedMatchesUnchunkedWithinTolerance) {
     constexpr int kSteps = 4;
     for (bool fused : {false, true}) {
-        const ChunkRun whole = run_chunked(chunk_config(2, 1, true, true, fused), kSteps);
+        const config::Config whole_cfg = chunk_config(2, 1, true, true, fused);
+        const double lr = whole_cfg.optimizer.lr;
+        const ChunkRun whole = run_chunked(whole_cfg, kSteps);
         for (int chunks : {2, 4}) {
             const ChunkRun part = run_chunked(chunk_config(2, chunks, true, true, fused), kSteps);
             EXPECT_EQ(whole.losses.front(), part.losses.front()) << chunks << " chunks";
-            double max_norm_rel = 0, max_param_diff = 0;
+            ASSERT_EQ(whole.grad_norms.size(), part.grad_norms.size());
+            const auto rel = [&](size_t s) {
+                return std::abs(whole.grad_norms[s] - part.grad_norms[s]) / whole.grad_norms[s];
+            };
+            const double first_norm_rel = rel(0);
+            double max_norm_rel = 0, max_param_diff = 0, sum_sq = 0, count = 0;
             for (size_t s = 0; s < whole.grad_norms.size(); ++s) {
-                max_norm_rel =
-                    std::max(max_norm_rel, std::abs(whole.grad_norms[s] - part.grad_norms[s]) /
-                                               whole.grad_norms[s]);
+                max_norm_rel = std::max(max_norm_rel, rel(s));
                 EXPECT_NEAR(whole.losses[s], part.losses[s], 1e-5 * std::abs(whole.losses[s]));
             }
-            EXPECT_LE(max_norm_rel, 1e-5) << chunks << " chunks";
+            EXPECT_LE(first_norm_rel, 1e-9) << chunks << " chunks";
+            EXPECT_LE(max_norm_rel, 1e-4) << chunks << " chunks";
             ASSERT_EQ(whole.params.size(), part.params.size());
             for (size_t i = 0; i < whole.params.size(); ++i) {
                 for (size_t j = 0; j < whole.params[i].size(); ++j) {
-                    max_param_diff = std::max(
-                        max_param_diff,
-                        static_cast<double>(std::abs(whole.params[i][j] - part.params[i][j])));
+                    const double d = std::abs(whole.params[i][j] - part.params[i][j]);
+                    max_param_diff = std::max(max_param_diff, d);
+                    sum_sq += d * d;
+                    count += 1;
                 }
             }
-            EXPECT_LE(max_param_diff, 1e-4) << chunks << " chunks";
+            const double rms = std::sqrt(sum_sq / std::max(1.0, count));
+            EXPECT_LE(rms, lr / 10) << chunks << " chunks";
+            EXPECT_LE(max_param_diff, lr) << chunks << " chunks";
             if (comm::current_world_rank() == 0) {
-                std::printf("%d chunks%s: max grad-norm rel diff %.3g, max |param diff| %.3g\n",
-                            chunks, fused ? " fused" : "", max_norm_rel, max_param_diff);
+                std::printf(
+                    "%d chunks%s: grad-norm rel diff first step %.3g, max %.3g; |param diff| "
+                    "RMS %.3g, max %.3g\n",
+                    chunks, fused ? " fused" : "", first_norm_rel, max_norm_rel, rms,
+                    max_param_diff);
             }
         }
     }
