@@ -92,11 +92,6 @@ TEST(BenchCli, TheProxyCalibratesUnlessALinkOrARatioIsGiven) {
     EXPECT_EQ(calibration_ratio(o, false), std::nullopt);
     o.sources.overrides = {"train.train_iters=3", "comm.link.inter_node_gbps=0.05"};
     EXPECT_EQ(calibration_ratio(o, true), std::nullopt);
-    // A CPU charge alone rides on the calibrated link.
-    o.sources.overrides = {"comm.link.cpu_ns_per_byte=13"};
-    EXPECT_EQ(calibration_ratio(o, true), 1.0);
-    o.sources.overrides.push_back("comm.link.latency_us=5");
-    EXPECT_EQ(calibration_ratio(o, true), std::nullopt);
     o.comm_compute_ratio = 2.0;
     EXPECT_EQ(calibration_ratio(o, true), 2.0);
     o.sources.overrides.clear();

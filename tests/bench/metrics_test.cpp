@@ -101,34 +101,6 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
         << table;
 }
 
-// The link line names the CPU charge when there is one, and documents from before the key read
-// as without it.
-TEST(BenchTable, TheLinkLineNamesTheCpuCharge) {
-    auto table_for = [](nlohmann::json link) {
-        return format_table({{"runs", nlohmann::json::array()},
-                             {"link", std::move(link)},
-                             {"calibration", nullptr},
-                             {"overlap_speedup", nullptr},
-                             {"overlap_efficiency", nullptr},
-                             {"loss_bitwise_identical", true},
-                             {"bitwise_identical", true}});
-    };
-    const std::string charged = table_for({{"inter_node_gbps", 0.5},
-                                           {"intra_node_gbps", 0.0},
-                                           {"latency_us", 0.0},
-                                           {"cpu_ns_per_byte", 13.0}});
-    EXPECT_NE(charged.find("latency 0 us, host CPU 13 ns per inter-node byte"), std::string::npos)
-        << charged;
-    for (const nlohmann::json& link :
-         {nlohmann::json{{"inter_node_gbps", 0.5}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}},
-          nlohmann::json{{"inter_node_gbps", 0.5},
-                         {"intra_node_gbps", 0.0},
-                         {"latency_us", 0.0},
-                         {"cpu_ns_per_byte", 0.0}}}) {
-        EXPECT_EQ(table_for(link).find("host CPU"), std::string::npos) << table_for(link);
-    }
-}
-
 TEST(OverlapEfficiency, AgainstTheBound) {
     EXPECT_DOUBLE_EQ(*overlap_efficiency(10, 6, 5), 0.8);
     EXPECT_DOUBLE_EQ(*overlap_efficiency(10, 10, 5), 0.0);

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <csignal>
-#include <ctime>
 #include <thread>
 
 #include "epo/comm/link_limits.h"
@@ -72,60 +71,6 @@ TEST(LinkModel, ValidationRefusesAbsurdValues) {
     EXPECT_THROW(validate_link_model(LinkModel{0, 1e-9, 0}), Error);
     EXPECT_THROW(validate_link_model(LinkModel{0, 0, 1e8}), Error);  // 100 s per collective
     EXPECT_NO_THROW(validate_link_model(LinkModel{kMinLinkGbps, kMaxLinkGbps, kMaxLatencyUs}));
-}
-
-// The CPU charge: per inter-node byte each way, nothing for intra-node bytes (shared memory
-// already copies them with the CPU), and nothing with the model off.
-TEST(LinkModel, CpuChargeIsPerInterNodeByteSentAndReceived) {
-    const LinkModel model{8, 80, 0, 10};  // 10 ns per byte
-    EXPECT_DOUBLE_EQ(
-        modelled_cpu_seconds(model, ByteCounts{1'000'000, 1'000'000, 2'000'000, 3'000'000}),
-        10e-9 * 5'000'000);
-    EXPECT_DOUBLE_EQ(modelled_cpu_seconds(LinkModel{8, 80, 0, 0}, ByteCounts{0, 0, 1 << 20, 0}),
-                     0.0);
-    EXPECT_DOUBLE_EQ(modelled_cpu_seconds(LinkModel{0, 0, 0, 10}, ByteCounts{0, 0, 1 << 20, 0}),
-                     0.0);
-}
-
-TEST(LinkModel, CpuChargeValidation) {
-    EXPECT_NO_THROW(validate_link_model(LinkModel{0.5, 0, 0, 13}));
-    for (const LinkModel& bad :
-         {LinkModel{0.5, 0, 0, -1}, LinkModel{0.5, 0, 0, NAN}, LinkModel{0.5, 0, 0, 5000}}) {
-        try {
-            validate_link_model(bad);
-            FAIL() << bad.cpu_ns_per_byte << ": no error";
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("comm.link.cpu_ns_per_byte="), std::string::npos)
-                << e.what();
-        }
-    }
-    // A charge with no link to ride on would silently do nothing.
-    try {
-        validate_link_model(LinkModel{0, 0, 0, 13});
-        FAIL() << "no error";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("the link model is off"), std::string::npos)
-            << e.what();
-    }
-}
-
-// The burn uses the calling thread's own CPU time, at least what was asked; a deadline or a stop
-// request ends it early.
-TEST(LinkModel, BurnCpuTakesThatMuchOfTheThreadsCpu) {
-    auto thread_cpu = [] {
-        timespec ts{};
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-        return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-    };
-    const double c0 = thread_cpu();
-    EXPECT_TRUE(burn_cpu(0.05, Clock::now() + std::chrono::seconds(60)));
-    EXPECT_GE(thread_cpu() - c0, 0.05);
-    const auto t0 = Clock::now();
-    EXPECT_FALSE(burn_cpu(60, t0 + std::chrono::milliseconds(20)));
-    EXPECT_LT(seconds_between(t0, Clock::now()), 5.0);
-    request_stop(SIGTERM);
-    EXPECT_FALSE(burn_cpu(60, Clock::now() + std::chrono::seconds(60)));
-    clear_stop_request();
 }
 
 TEST(LinkModel, HoldReachesItsDeadline) {

@@ -318,25 +318,6 @@ TEST(ValueRules, VA003AndVA004RefuseALinkTheModelCannotHonour) {
     EXPECT_FALSE(fires("VA004", [](Config& c) { c.comm.link.intra_node_gbps = 1e-3; }));
 }
 
-// comm.link.cpu_ns_per_byte: a cost beyond any network stack is a unit mistake (VA003), and a
-// charge with the link model off would do nothing without a word (VA005).
-TEST(ValueRules, VA003AndVA005RefuseACpuChargeTheModelCannotApply) {
-    EXPECT_TRUE(fires("VA003", [](Config& c) {
-        c.comm.link.inter_node_gbps = 1;
-        c.comm.link.cpu_ns_per_byte = 5000;
-    }));
-    EXPECT_TRUE(fires("VA005", [](Config& c) { c.comm.link.cpu_ns_per_byte = 13; }));
-    EXPECT_FALSE(fires("VA005", [](Config& c) {
-        c.comm.link.inter_node_gbps = 1;
-        c.comm.link.cpu_ns_per_byte = 13;
-    }));
-    EXPECT_FALSE(fires("VA003", [](Config& c) {
-        c.comm.link.inter_node_gbps = 1;
-        c.comm.link.cpu_ns_per_byte = 13;
-    }));
-    EXPECT_FALSE(fires("VA005", [](Config& c) { c.comm.link.cpu_ns_per_byte = 0; }));
-}
-
 TEST(ValueRules, VA002VocabularyIsRequired) {
     EXPECT_TRUE(fires("VA002", [](Config& c) { c.model.vocab_size.reset(); }));
     EXPECT_FALSE(fires("VA002", [](Config& c) { c.model.vocab_size = 32; }));

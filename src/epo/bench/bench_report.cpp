@@ -221,8 +221,7 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
             {"link",
              {{"inter_node_gbps", c.comm.link.inter_node_gbps.value_or(0.0)},
               {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
-              {"latency_us", c.comm.link.latency_us.value_or(0.0)},
-              {"cpu_ns_per_byte", c.comm.link.cpu_ns_per_byte.value_or(0.0)}}},
+              {"latency_us", c.comm.link.latency_us.value_or(0.0)}}},
             {"calibration", calibration},
             {"runs", runs},
             {"overlap_speedup", optional_json(result.overlap_speedup)},
@@ -296,11 +295,6 @@ std::string format_efficiency(const nlohmann::json& efficiency, bool narrow) {
     return fmt::format("{:.2f}", e);
 }
 
-std::string format_link_cpu(const nlohmann::json& link) {
-    const double ns = link.value("cpu_ns_per_byte", 0.0);
-    return ns > 0 ? fmt::format(", host CPU {:g} ns per inter-node byte", ns) : std::string();
-}
-
 std::string format_inter_node(const nlohmann::json& metrics) {
     return inter_node_line(metrics);
 }
@@ -337,9 +331,9 @@ std::string format_table(const nlohmann::json& m) {
     const auto& link = m.at("link");
     out += fmt::format(
         "link model: inter-node {:.4g} Gbit/s, intra-node {:.4g} Gbit/s, latency "
-        "{} us{}{}\n",
+        "{} us{}\n",
         link.at("inter_node_gbps").get<double>(), link.at("intra_node_gbps").get<double>(),
-        link.at("latency_us").get<double>(), format_link_cpu(link),
+        link.at("latency_us").get<double>(),
         m.at("calibration").is_null()
             ? ""
             : fmt::format(" (calibrated to comm/compute {}, achieved {})",

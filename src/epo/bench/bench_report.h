@@ -20,10 +20,10 @@
 //           dispatch_combine_bytes_per_step (all ranks)}
 //   overlap_speedup, overlap_efficiency (the "overlap" run's), loss_bitwise_identical (losses
 //   only), bitwise_identical (losses, grad norms and final parameters of every run),
-//   link {inter_node_gbps, intra_node_gbps, latency_us, cpu_ns_per_byte}, calibration (or null;
-//   bytes per step of the all-to-alls, gradient reductions, parameter gathers and optimizer-step
-//   reductions), model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches,
-//   steps_per_run, warmup_steps, repeats, wall_time_s, completed
+//   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null; bytes per step
+//   of the all-to-alls, gradient reductions, parameter gathers and optimizer-step reductions),
+//   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,
+//   warmup_steps, repeats, wall_time_s, completed
 //
 // report.html is one self-contained file (inline SVG and CSS, no scripts, no network): the
 // table, the loss curves of every run, and a timeline of both streams of every rank for one
@@ -54,10 +54,6 @@ std::string format_table(const nlohmann::json& metrics);
 // routing and against uniform routing, and its dispatch + combine bytes across nodes per step;
 // "" without flex runs.
 std::string format_inter_node(const nlohmann::json& metrics);
-
-// The link model's CPU charge as shown after its bandwidths (", host CPU 13 ns per inter-node
-// byte"); "" when it is off or the document predates it.
-std::string format_link_cpu(const nlohmann::json& link);
 
 // An overlap efficiency as shown: "-" when there is none (null), "n/a (overlap slower)" (or
 // "n/a" where `narrow`, a table column) when it is negative: the overlap run was slower than the

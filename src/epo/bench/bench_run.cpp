@@ -113,10 +113,8 @@ std::optional<double> calibration_ratio(const BenchOptions& options, bool proxy)
     }
     const auto& overrides = options.sources.overrides;
     const bool link_given =
-        std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
-            // The CPU charge rides on the calibrated link; only a stated link fixes it.
-            return o.rfind("comm.link.", 0) == 0 && o.rfind("comm.link.cpu_ns_per_byte", 0) != 0;
-        });
+        std::any_of(overrides.begin(), overrides.end(),
+                    [](const std::string& o) { return o.rfind("comm.link.", 0) == 0; });
     if (link_given) {
         return std::nullopt;
     }
@@ -128,11 +126,11 @@ namespace {
 LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm::JobShape& job,
                           Logs& logs) {
     const BenchSchedule base{"baseline", false, false};
-    const config::Config cfg = finalized_or_throw(
-        sources_for(options, &base,
-                    {"comm.link.inter_node_gbps=0", "comm.link.intra_node_gbps=0",
-                     "comm.link.latency_us=0", "comm.link.cpu_ns_per_byte=0"}),
-        job, "calibration");
+    const config::Config cfg =
+        finalized_or_throw(sources_for(options, &base,
+                                       {"comm.link.inter_node_gbps=0",
+                                        "comm.link.intra_node_gbps=0", "comm.link.latency_us=0"}),
+                           job, "calibration");
     logs.both(
         fmt::format("[bench] calibrating the link model to comm/compute = {}: baseline "
                     "with the link model off",
@@ -545,10 +543,8 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         result.calibration = calibrate(options, *ratio, job, logs);
         link = link_overrides(*result.calibration);
     } else if (ratio) {
-        // --comm_compute_ratio 0: the link model off, whatever the configuration says, its CPU
-        // charge with it (over a real network the stack's CPU cost is real).
+        // --comm_compute_ratio 0: the link model off, whatever the configuration says.
         link = link_overrides(LinkCalibration{});
-        link.push_back("comm.link.cpu_ns_per_byte=0");
     }
 
     std::vector<BenchSchedule> schedules;

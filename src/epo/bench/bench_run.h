@@ -89,9 +89,8 @@ struct LinkCalibration {
 
 // The comm/compute ratio the link model is calibrated to, or none (the configuration's link):
 // --comm_compute_ratio when given; else 1 for the embedded proxy, unless KEY=VALUE overrides set
-// a comm.link.* key other than cpu_ns_per_byte (one fixed link, for runs that must compare like
-// for like, such as two dispatchers on the same cluster); else none. A CPU charge alone is
-// applied on top of the calibrated link (calibrated with the charge off).
+// a comm.link.* key (one fixed link, for runs that must compare like for like, such as two
+// dispatchers on the same cluster); else none.
 std::optional<double> calibration_ratio(const BenchOptions& options, bool proxy);
 
 struct ScheduleRun {

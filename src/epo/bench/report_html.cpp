@@ -275,14 +275,14 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
     html += fmt::format(
         "<p>{} ranks ({} nodes x {}), expert parallel {}, {} micro-batches of the global batch "
         "{}, sequence {}; {} steps per run ({} warm-up), {} repeat(s). Link model: inter-node "
-        "{:.4g} Gbit/s, intra-node {:.4g} Gbit/s, latency {} us{}{}.</p>\n",
+        "{:.4g} Gbit/s, intra-node {:.4g} Gbit/s, latency {} us{}.</p>\n",
         m.at("world_size").get<int>(), m.at("num_nodes").get<int>(),
         m.at("gpus_per_node").get<int>(), m.at("expert_model_parallel_size").get<int>(),
         m.at("num_micro_batches").get<int64_t>(), m.at("global_batch_size").get<int64_t>(),
         m.at("seq_length").get<int64_t>(), m.at("steps_per_run").get<int64_t>(),
         m.at("warmup_steps").get<int>(), m.at("repeats").get<int>(),
         link.at("inter_node_gbps").get<double>(), link.at("intra_node_gbps").get<double>(),
-        link.at("latency_us").get<double>(), format_link_cpu(link),
+        link.at("latency_us").get<double>(),
         m.at("calibration").is_null()
             ? ""
             : fmt::format(" (calibrated so the baseline's communication is {} x its compute)",

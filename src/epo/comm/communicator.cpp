@@ -8,7 +8,6 @@
 #include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/core/error.h"
-#include "epo/core/stop_flag.h"
 
 namespace epo::comm {
 
@@ -165,7 +164,6 @@ void CommStats::add(const OpStats& op) {
     duration_s += op.duration_s;
     arrival_wait_s += op.arrival_wait_s;
     link_hold_s += op.link_hold_s;
-    link_cpu_s += op.link_cpu_s;
 }
 
 // ---- Communicator: lifetime ----
@@ -448,10 +446,9 @@ OpStats Communicator::finish(const Op& op, Clock::time_point last_entry, const B
     s.arrival_wait_s = std::max(0.0, seconds_between(op.entry, last_entry));
     if (options_.link.enabled() && size_ > 1) {
         s.modelled_s = modelled_seconds(options_.link, bytes);
-        const double cpu_s = modelled_cpu_seconds(options_.link, bytes);
         // Compared in seconds (doubles) before any conversion: a modelled time of years does not
         // fit a nanosecond count, and sleeping it would outlast every deadline.
-        const double hold_end_s = s.arrival_wait_s + std::max(s.modelled_s, cpu_s);
+        const double hold_end_s = s.arrival_wait_s + s.modelled_s;
         if (hold_end_s > options_.timeout_s) {
             fail(fmt::format(
                 "{} timed out: the link model holds it {:.4g} s ({} bytes sent, {} received "
@@ -463,24 +460,6 @@ OpStats Communicator::finish(const Op& op, Clock::time_point last_entry, const B
                 options_.link.latency_us, options_.timeout_s));
         }
         const auto until = last_entry + std::chrono::nanoseconds(std::llround(s.modelled_s * 1e9));
-        if (cpu_s > 0) {
-            // The stack's CPU work while the bytes move (link_model.h): burnt first, so that on
-            // busy cores it delays the operation past the wire time, as it does over real TCP.
-            const auto burn_start = Clock::now();
-            const auto deadline =
-                op.entry + std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9));
-            if (!burn_cpu(cpu_s, deadline) && stop_requested() == 0) {
-                fail(fmt::format(
-                    "{} timed out: the link model's CPU charge of {:.4g} s "
-                    "(comm.link.cpu_ns_per_byte={:g} x {} inter-node bytes) did not get that "
-                    "much CPU within comm.timeout_s = {} s; the host's cores are oversubscribed: "
-                    "run fewer ranks per host, lower comm.link.cpu_ns_per_byte or raise "
-                    "comm.timeout_s",
-                    describe(op), cpu_s, options_.link.cpu_ns_per_byte,
-                    bytes.inter_sent + bytes.inter_recv, options_.timeout_s));
-            }
-            s.link_cpu_s = seconds_between(burn_start, Clock::now());
-        }
         const auto before = Clock::now();
         if (before < until) {
             hold_until(until);  // false: cut short by a stop request, the step ends sooner

@@ -119,7 +119,6 @@ struct OpStats {
     double duration_s = 0;      // entry to return
     double arrival_wait_s = 0;  // entry until every peer had arrived (as seen by this rank)
     double link_hold_s = 0;     // slept to honour the link model
-    double link_cpu_s = 0;      // spent burning the link model's CPU charge (wall time)
     double modelled_s = 0;      // the link model's duration from the last entry (0: model off)
     double data_s = 0;          // in phase 2, moving bytes
     int64_t data_tests = 0;     // MPI tests in phase 2 (each a pass of MPI's progress engine)
@@ -131,7 +130,6 @@ struct CommStats {
     double duration_s = 0;
     double arrival_wait_s = 0;
     double link_hold_s = 0;
-    double link_cpu_s = 0;
     double data_s = 0;
     int64_t data_tests = 0;
 

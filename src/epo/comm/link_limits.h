@@ -18,9 +18,6 @@ namespace epo::comm {
 constexpr double kMinLinkGbps = 1e-3;
 constexpr double kMaxLinkGbps = 1e9;
 constexpr double kMaxLatencyUs = 1e7;
-// Kernel TCP on a small VM costs ~13 ns per byte (docs/emulated-cluster.md); 1000 ns per byte
-// (a core moving 1 MB/s) is beyond any network stack and a unit mistake.
-constexpr double kMaxCpuNsPerByte = 1000;
 
 // The longest comm.timeout_s accepted: 1e7 s (116 days) is beyond any job and keeps every
 // deadline (entry + timeout in int64 nanoseconds, overflowing at 9.2e9 s) exact; larger values
@@ -31,17 +28,10 @@ constexpr double kMaxTimeoutS = 1e7;
 // value and the fix. validate_link_model() raises it; the configuration's rules report it.
 std::string link_value_problem(const char* key, double value);
 
-// The message for comm.link.cpu_ns_per_byte > 0 with every other comm.link key at 0.
-std::string cpu_without_link_problem(double cpu_ns_per_byte);
-
 // The hold: sleep_until(deadline), in slices of at most kHoldSliceMs, returning early (false) as
 // soon as a stop request is seen; true when the deadline was reached. Every slice ends at an
 // absolute time, so slicing adds no drift.
 constexpr int kHoldSliceMs = 20;
 bool hold_until(Clock::time_point deadline);
-
-// The link model's CPU charge (link_model.h): copies memory on the calling thread until it has
-// used `cpu_s` more of its own CPU time. False when a stop request or `deadline` came first.
-bool burn_cpu(double cpu_s, Clock::time_point deadline);
 
 }  // namespace epo::comm

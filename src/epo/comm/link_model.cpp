@@ -5,10 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <ctime>
 #include <string_view>
-#include <vector>
 
 #include "epo/comm/link_limits.h"
 #include "epo/core/error.h"
@@ -39,16 +37,6 @@ std::string link_value_problem(const char* key, double value) {
             "off) or a positive value",
             key, value);
     }
-    if (std::string_view(key).ends_with("cpu_ns_per_byte")) {
-        if (value > kMaxCpuNsPerByte) {
-            return fmt::format(
-                "{}={} ns per byte is more CPU than any network stack takes (at most {:g}, "
-                "1 MB/s per core): set it to 0 (the NIC takes no host CPU) or a measured cost, "
-                "e.g. 13 for kernel TCP on a 2-vCPU VM",
-                key, value, kMaxCpuNsPerByte);
-        }
-        return "";
-    }
     const bool latency = std::string_view(key).ends_with("latency_us");
     if (latency && value > kMaxLatencyUs) {
         return fmt::format(
@@ -72,23 +60,11 @@ void validate_link_model(const LinkModel& model) {
         double value;
     } fields[] = {{"comm.link.inter_node_gbps", model.inter_node_gbps},
                   {"comm.link.intra_node_gbps", model.intra_node_gbps},
-                  {"comm.link.latency_us", model.latency_us},
-                  {"comm.link.cpu_ns_per_byte", model.cpu_ns_per_byte}};
+                  {"comm.link.latency_us", model.latency_us}};
     for (const auto& f : fields) {
         if (std::string problem = link_value_problem(f.key, f.value); !problem.empty())
             throw Error(ErrorKind::kConfig, problem);
     }
-    if (model.cpu_ns_per_byte > 0 && !model.enabled()) {
-        throw Error(ErrorKind::kConfig, cpu_without_link_problem(model.cpu_ns_per_byte));
-    }
-}
-
-std::string cpu_without_link_problem(double cpu_ns_per_byte) {
-    return fmt::format(
-        "comm.link.cpu_ns_per_byte={} charges CPU to the modelled links, but the link model is "
-        "off: set comm.link.inter_node_gbps (or intra_node_gbps / latency_us), or leave "
-        "cpu_ns_per_byte at 0; over a real network the stack's CPU cost is already real",
-        cpu_ns_per_byte);
 }
 
 double modelled_seconds(const LinkModel& model, const ByteCounts& bytes) {
@@ -101,43 +77,6 @@ double modelled_seconds(const LinkModel& model, const ByteCounts& bytes) {
     const double inter = transfer(bytes.inter_sent, bytes.inter_recv, model.inter_node_gbps);
     const double intra = transfer(bytes.intra_sent, bytes.intra_recv, model.intra_node_gbps);
     return model.latency_us * 1e-6 + std::max(inter, intra);
-}
-
-double modelled_cpu_seconds(const LinkModel& model, const ByteCounts& bytes) {
-    if (!model.enabled())
-        return 0;
-    return model.cpu_ns_per_byte * 1e-9 * static_cast<double>(bytes.inter_sent + bytes.inter_recv);
-}
-
-namespace {
-
-double thread_cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-}  // namespace
-
-bool burn_cpu(double cpu_s, Clock::time_point deadline) {
-    // Copies through a buffer past the L2 caches, as the stack's copies stream through memory and
-    // evict the compute thread's working set; allocated once per thread and touched once here
-    // (page faults cost 10-25 us each on small VMs), then reused by every later charge.
-    constexpr size_t kHalf = size_t{2} << 20;
-    thread_local std::vector<char> buffer;
-    if (buffer.empty())
-        buffer.assign(2 * kHalf, 1);
-    const double end = thread_cpu_seconds() + cpu_s;
-    size_t chunk = 0;
-    constexpr size_t kChunk = size_t{64} << 10;  // ~5-20 us of copying between clock reads
-    while (thread_cpu_seconds() < end) {
-        if (stop_requested() != 0 || Clock::now() >= deadline)
-            return false;
-        const size_t off = (chunk * kChunk) % kHalf;
-        std::memcpy(buffer.data() + kHalf + off, buffer.data() + off, kChunk);
-        ++chunk;
-    }
-    return true;
 }
 
 void lower_timer_slack() {

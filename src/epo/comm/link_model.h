@@ -13,14 +13,6 @@
 //
 // with this rank's own byte counts (bytes a rank sends to itself cross no link). A bandwidth of
 // 0 leaves that path unmodelled (infinitely fast); all three at 0 = model off (the default).
-//
-// A real network stack also takes the host's CPU while the bytes move: over kernel TCP the copies
-// and protocol work run on the cores the compute thread needs (docs/emulated-cluster.md measured
-// it). With cpu_ns_per_byte > 0 the model charges that too: the holding thread first burns
-// cpu_ns_per_byte x (inter_sent + inter_recv) of its own CPU time (copying memory, as the stack
-// does), then sleeps to the deadline; when the cores are busy the burn takes longer and the
-// operation ends with it, as a CPU-bound transfer does. 0 (the default) models a NIC that moves
-// bytes without the host's cores (RDMA, as on GPU clusters).
 #pragma once
 
 #include <chrono>
@@ -49,7 +41,6 @@ struct LinkModel {
     double inter_node_gbps = 0;
     double intra_node_gbps = 0;
     double latency_us = 0;
-    double cpu_ns_per_byte = 0;  // host CPU per inter-node byte sent or received; needs a link
 
     bool enabled() const { return inter_node_gbps > 0 || intra_node_gbps > 0 || latency_us > 0; }
 };
@@ -61,10 +52,6 @@ void validate_link_model(const LinkModel& model);
 // The modelled duration of an operation with these byte counts, in seconds from t0 (the formula
 // above); 0 when the model is off.
 double modelled_seconds(const LinkModel& model, const ByteCounts& bytes);
-
-// The host CPU seconds the model charges an operation with these byte counts:
-// cpu_ns_per_byte x (inter_sent + inter_recv); 0 when the model is off.
-double modelled_cpu_seconds(const LinkModel& model, const ByteCounts& bytes);
 
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: one time base for all ranks of a host
 

@@ -2,7 +2,7 @@
 // run cannot do without (VA002), the env section (EN001-EN003), the learning-rate schedule
 // (TR001/TR002), a checkpoint interval with nowhere to save (W013), and the link model: values
 // out of the range it can model (VA003) and a link too slow for one all-to-all to finish within
-// comm.timeout_s (VA004), and a CPU charge with no link model to ride on (VA005).
+// comm.timeout_s (VA004).
 #include <cmath>
 
 #include "epo/comm/link_limits.h"
@@ -37,8 +37,7 @@ void check_link(const RuleContext& ctx) {
         std::optional<double> value;
     } fields[] = {{"comm.link.inter_node_gbps", link.inter_node_gbps},
                   {"comm.link.intra_node_gbps", link.intra_node_gbps},
-                  {"comm.link.latency_us", link.latency_us},
-                  {"comm.link.cpu_ns_per_byte", link.cpu_ns_per_byte}};
+                  {"comm.link.latency_us", link.latency_us}};
     bool ok = true;
     for (const auto& f : fields) {
         if (!f.value)
@@ -49,13 +48,6 @@ void check_link(const RuleContext& ctx) {
                       fmt::format("set {} to 0 or a value in range", f.key));
             ok = false;
         }
-    }
-    // VA005: a CPU charge only has something to ride on with the link model on.
-    if (ok && link.cpu_ns_per_byte.value_or(0) > 0 && !link_model_enabled(ctx.user.comm)) {
-        ctx.error("VA005", "comm.link.cpu_ns_per_byte", show(*link.cpu_ns_per_byte),
-                  comm::cpu_without_link_problem(*link.cpu_ns_per_byte),
-                  "set comm.link.inter_node_gbps, or comm.link.cpu_ns_per_byte to 0");
-        ok = false;
     }
     const ModelConfig& m = ctx.fin.model;
     const int ep = m.expert_model_parallel_size;

@@ -198,9 +198,6 @@ struct LinkConfig {
     std::optional<double> inter_node_gbps;  // Gbit/s per rank NIC, each direction
     std::optional<double> intra_node_gbps;  // Gbit/s per rank inside a node
     std::optional<double> latency_us;       // added once per collective
-    // Host CPU per inter-node byte sent or received, charged while a modelled collective runs
-    // (comm/link_model.h): 0 = a NIC that takes no host CPU (RDMA); ~13 = kernel TCP here.
-    std::optional<double> cpu_ns_per_byte;
 
     bool operator==(const LinkConfig&) const = default;
 
@@ -209,7 +206,6 @@ struct LinkConfig {
         v("inter_node_gbps", s.inter_node_gbps, Limits::at_least(0));
         v("intra_node_gbps", s.intra_node_gbps, Limits::at_least(0));
         v("latency_us", s.latency_us, Limits::at_least(0));
-        v("cpu_ns_per_byte", s.cpu_ns_per_byte, Limits::at_least(0));
     }
 };
 

@@ -72,9 +72,9 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
                                       .pipeline_model_parallel_size = num_stages};
     comm::CommOptions comm_options;
     comm_options.timeout_s = cfg.comm.timeout_s;
-    comm_options.link = comm::LinkModel{
-        cfg.comm.link.inter_node_gbps.value_or(0.0), cfg.comm.link.intra_node_gbps.value_or(0.0),
-        cfg.comm.link.latency_us.value_or(0.0), cfg.comm.link.cpu_ns_per_byte.value_or(0.0)};
+    comm_options.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
+                                        cfg.comm.link.intra_node_gbps.value_or(0.0),
+                                        cfg.comm.link.latency_us.value_or(0.0)};
     streams_ = runtime::make_rank_streams(layout, comm_options, options_.comm);
     const comm::ProcessGroups& groups = *streams_.comm->groups();
     EPO_CHECK(plan_.dp_size == groups.dp.size() && plan_.edp_size == groups.edp.size(),
