@@ -31,6 +31,7 @@
 # docs/emulated-cluster.md says what such a cluster does and does not tell you.
 set -euo pipefail
 
+self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 name=${EPO_CLUSTER_NAME:-epo}
 [[ $name =~ ^[a-z][a-z0-9]{0,7}$ ]] || { echo "emulated-cluster: EPO_CLUSTER_NAME='$name': 1-8 lower-case letters and digits" >&2; exit 1; }
 state=/run/$name-cluster
@@ -80,21 +81,51 @@ up() {
         # The NIC: RATE out of the host (its egress) and into it (the switch port's egress).
         shape "$ns" eth0 "$rate" "$delay"
         shape $switch "p$h" "$rate" ""
-        echo "$addr $ns" >>"$state/hosts"
+        echo "$addr $ns $(host_cpus "$h" "$n")" >>"$state/hosts"
     done
     echo "$rate ${delay:-0}" >"$state/link"
     cat >"$state/agent" <<EOF
 #!/bin/sh
 # Open MPI's remote-launch agent for the emulated cluster: runs the daemon's command line in the
-# namespace of the host it names, as ssh would run it on that host.
+# namespace of the host it names, on that host's cores, as ssh would run it on that host.
 host=\$1
 shift
 ns=\$(awk -v h="\$host" '\$1 == h {print \$2}' "$state/hosts")
+cpus=\$(awk -v h="\$host" '\$1 == h {print \$3}' "$state/hosts")
 [ -n "\$ns" ] || { echo "emulated-cluster agent: unknown host \$host" >&2; exit 1; }
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
+exec ip netns exec "\$ns" unshare --uts taskset -c "\$cpus" \\
+    /bin/sh -c 'hostname "\$1" && exec /bin/sh -c "\$2"' sh "\$ns" "\$*"
 EOF
     chmod +x "$state/agent"
     echo "emulated-cluster: $n hosts ($subnet.1-$subnet.$n), each NIC $rate${delay:+, delay $delay}"
+}
+
+# The cores host H of N owns (a taskset list). Every host's Open MPI daemon sees the whole
+# machine, so without this each one bound its first rank to core 0 and all hosts' ranks shared
+# that one core (measured: 2 hosts x 1 rank, both on core 0, compute 1.6-2x slower than the
+# same ranks on one host). With N <= cores the cores are split evenly; with more hosts than cores
+# host H shares core H mod cores. Each host's processes run under taskset with that list, and
+# Open MPI is told not to bind (its binding ignores the daemon's affinity and rebinds to core 0).
+# Each host also gets its own host name (a UTS namespace named like its network namespace): Open
+# MPI names its shared-memory segments after the host name, the job and the local rank, in the
+# /dev/shm all hosts share, so with one name for all two hosts' local rank 0 mapped one file (a
+# segfault in mca_btl_vader at start-up with 2 ranks per host).
+host_cpus() {
+    local h=$1 n=$2 ids=() range part
+    # The CPUs this script may use (Cpus_allowed_list, e.g. "0-1" or "0,2-3"), one id each.
+    range=$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status)
+    for part in ${range//,/ }; do
+        if [[ $part == *-* ]]; then ids+=($(seq "${part%-*}" "${part#*-}")); else ids+=("$part"); fi
+    done
+    local cores=${#ids[@]}
+    if ((n <= cores)); then
+        local first=$((h * cores / n)) last=$(((h + 1) * cores / n)) list=()
+        for ((c = first; c < last; ++c)); do list+=("${ids[c]}"); done
+        local IFS=,
+        echo "${list[*]}"
+    else
+        echo "${ids[h % cores]}"
+    fi
 }
 
 shape() {  # NS DEV RATE DELAY: tbf at RATE (burst for ~1 ms at that rate), netem first if DELAY
@@ -153,16 +184,18 @@ have_netem() {  # whether this kernel has the netem qdisc (delay)
     return $ok
 }
 
-run_on() {  # NS CMD...: with the Open MPI settings for the cluster
+run_on() {  # NS CMD...: with the Open MPI settings for the cluster, on that host's cores
     local ns=$1
     shift
-    local slots=${EPO_CLUSTER_SLOTS:-1} hosts
+    local slots=${EPO_CLUSTER_SLOTS:-1} hosts cpus
     hosts=$(awk -v s="$slots" '{printf "%s%s:%s", (NR > 1 ? "," : ""), $1, s}' "$state/hosts")
+    cpus=$(awk -v ns="$ns" '$2 == ns {print $3}' "$state/hosts")
     # scripts/mpi_env.sh: run as root, oversubscribe, give up on a silent host within ~25 s.
     source "$(dirname "${BASH_SOURCE[0]}")/mpi_env.sh"
-    ip netns exec "$ns" env \
+    ip netns exec "$ns" unshare --uts taskset -c "$cpus" "$self" _named "$ns" env \
         EPO_CLUSTER_HOSTS="$hosts" \
         OMPI_MCA_plm_rsh_agent="$state/agent" \
+        OMPI_MCA_hwloc_base_binding_policy=none \
         OMPI_MCA_btl="self,vader,tcp" \
         OMPI_MCA_btl_tcp_if_include="$subnet.0/24" \
         OMPI_MCA_oob_tcp_if_include="$subnet.0/24" \
@@ -182,6 +215,7 @@ down() {
 cmd=${1:-}
 shift || true
 case $cmd in
+    _named) hostname "$1" && shift && exec "$@" ;;  # run_on's inside step: name the host, run
     up) up "$@" ;;
     run) num_hosts >/dev/null; run_on "${prefix}0" "$@" ;;
     exec) ns=$(host_ns "${1:?usage: exec H CMD}"); shift; run_on "$ns" "$@" ;;
