@@ -17,10 +17,9 @@
 namespace epo::train {
 namespace {
 
-struct ChunkRun {
-    std::vector<double> losses, grad_norms;
-    std::vector<std::vector<float>> params;
-    int64_t peak_activation_bytes = 0;
+using testing::expect_bit_identical;
+
+struct ChunkRun : testing::RunRecord {
     std::vector<schedule::NodeCall> calls;
 };
 
@@ -28,48 +27,20 @@ ChunkRun run_chunked(const config::Config& cfg, int steps) {
     Trainer trainer(cfg);
     ChunkRun r;
     r.calls = trainer.schedule_calls();
-    for (int i = 0; i < steps; ++i) {
-        const StepResult s = trainer.step();
-        r.losses.push_back(s.lm_loss);
-        r.grad_norms.push_back(s.grad_norm);
-        r.peak_activation_bytes = std::max(r.peak_activation_bytes, s.peak_activation_bytes);
-    }
-    trainer.sync_params();
-    for (Param* p : trainer.model().all_params()) {
-        const float* d = p->master.data<float>();
-        r.params.emplace_back(d, d + p->master.numel());
-    }
+    static_cast<testing::RunRecord&>(r) = testing::record_run(trainer, steps);
     return r;
-}
-
-void expect_bit_identical(const ChunkRun& a, const ChunkRun& b) {
-    EXPECT_EQ(a.losses, b.losses);
-    EXPECT_EQ(a.grad_norms, b.grad_norms);
-    ASSERT_EQ(a.params.size(), b.params.size());
-    for (size_t i = 0; i < a.params.size(); ++i) {
-        EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
-                                 a.params[i].size() * sizeof(float)))
-            << "parameter " << i;
-    }
 }
 
 // tiny-moe: 2 MoE layers, 64 tokens per micro-batch on a rank (2 sequences of 32), EP = world.
 config::Config chunk_config(int micro_batches, int chunks, bool overlap, bool delay, bool fused,
                             std::vector<std::string> extra = {}) {
     const int world = comm::current_world_size();
-    std::vector<std::string> o = {
-        "model.num_layers=2",
-        "model.hidden_size=64",
-        "model.kv_channels=16",
-        "model.ffn_hidden_size=128",
-        "model.moe_ffn_hidden_size=64",
-        "model.seq_length=32",
-        "train.micro_batch_size=2",
-        "comm.gpus_per_node=" + std::to_string(world),
-        "model.expert_model_parallel_size=" + std::to_string(world),
-        "train.global_batch_size=" + std::to_string(2 * world * micro_batches),
-        "model.moe_ep_overlap_num_chunks=" + std::to_string(chunks),
-        std::string("model.gradient_accumulation_fusion=") + (fused ? "true" : "false")};
+    std::vector<std::string> o = testing::tiny_shape_overrides();
+    o.push_back("comm.gpus_per_node=" + std::to_string(world));
+    o.push_back("model.expert_model_parallel_size=" + std::to_string(world));
+    o.push_back("train.global_batch_size=" + std::to_string(2 * world * micro_batches));
+    o.push_back("model.moe_ep_overlap_num_chunks=" + std::to_string(chunks));
+    o.push_back(std::string("model.gradient_accumulation_fusion=") + (fused ? "true" : "false"));
     if (overlap) {
         o.push_back("comm_overlap.overlap_moe_expert_parallel_comm=true");
         o.push_back(std::string("comm_overlap.delay_wgrad_compute=") + (delay ? "true" : "false"));

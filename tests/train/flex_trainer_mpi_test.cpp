@@ -15,51 +15,20 @@
 namespace epo::train {
 namespace {
 
-struct Record {
-    std::vector<double> losses, grad_norms;
-    std::vector<std::vector<float>> params;
-};
+using Record = testing::RunRecord;
+using testing::expect_bit_identical;
 
 Record run(const config::Config& cfg, int steps) {
-    Trainer trainer(cfg);
-    Record r;
-    for (int i = 0; i < steps; ++i) {
-        const StepResult s = trainer.step();
-        r.losses.push_back(s.lm_loss);
-        r.grad_norms.push_back(s.grad_norm);
-    }
-    trainer.sync_params();
-    for (Param* p : trainer.model().all_params()) {
-        const float* d = p->master.data<float>();
-        r.params.emplace_back(d, d + p->master.numel());
-    }
-    return r;
-}
-
-void expect_bit_identical(const Record& a, const Record& b) {
-    EXPECT_EQ(a.losses, b.losses);
-    EXPECT_EQ(a.grad_norms, b.grad_norms);
-    ASSERT_EQ(a.params.size(), b.params.size());
-    for (size_t i = 0; i < a.params.size(); ++i) {
-        EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
-                                 a.params[i].size() * sizeof(float)))
-            << "parameter " << i;
-    }
+    return testing::record_run(cfg, steps);
 }
 
 // tiny-moe at this world size, EP = world, nodes of `per_node` ranks.
 std::vector<std::string> tiny(int world, int per_node, std::vector<std::string> extra) {
-    std::vector<std::string> o = {"model.num_layers=2",
-                                  "model.hidden_size=64",
-                                  "model.kv_channels=16",
-                                  "model.ffn_hidden_size=128",
-                                  "model.moe_ffn_hidden_size=64",
-                                  "model.seq_length=32",
-                                  "train.micro_batch_size=2",
-                                  "train.global_batch_size=" + std::to_string(2 * world * 3),
-                                  "comm.num_nodes=" + std::to_string(world / per_node),
-                                  "comm.gpus_per_node=" + std::to_string(per_node),
-                                  "model.expert_model_parallel_size=" + std::to_string(world)};
+    std::vector<std::string> o = testing::tiny_shape_overrides();
+    o.push_back("train.global_batch_size=" + std::to_string(2 * world * 3));
+    o.push_back("comm.num_nodes=" + std::to_string(world / per_node));
+    o.push_back("comm.gpus_per_node=" + std::to_string(per_node));
+    o.push_back("model.expert_model_parallel_size=" + std::to_string(world));
     o.insert(o.end(), extra.begin(), extra.end());
     return o;
 }

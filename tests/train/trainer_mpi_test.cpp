@@ -15,56 +15,18 @@
 namespace epo::train {
 namespace {
 
-struct RunRecord {
-    std::vector<double> losses, grad_norms;
-    std::vector<std::vector<float>> params;
-    int64_t peak_activation_bytes = 0;  // largest over the steps
-};
+using testing::expect_bit_identical;
+using testing::RunRecord;
 
-// `prepare` may change the freshly initialized model (every rank the same way).
 RunRecord run(const config::Config& cfg, int steps,
               const std::function<void(Trainer&)>& prepare = {}) {
-    Trainer trainer(cfg);
-    if (prepare) {
-        prepare(trainer);
-    }
-    RunRecord r;
-    for (int i = 0; i < steps; ++i) {
-        const StepResult s = trainer.step();
-        r.losses.push_back(s.lm_loss);
-        r.grad_norms.push_back(s.grad_norm);
-        r.peak_activation_bytes = std::max(r.peak_activation_bytes, s.peak_activation_bytes);
-    }
-    trainer.sync_params();  // the distributed optimizer's shards, whole on every rank
-    for (Param* p : trainer.model().all_params()) {
-        const float* d = p->master.data<float>();
-        r.params.emplace_back(d, d + p->master.numel());
-    }
-    return r;
-}
-
-// Losses, grad norms and final fp32 parameters equal bit for bit.
-void expect_bit_identical(const RunRecord& a, const RunRecord& b) {
-    EXPECT_EQ(a.losses, b.losses);
-    EXPECT_EQ(a.grad_norms, b.grad_norms);
-    ASSERT_EQ(a.params.size(), b.params.size());
-    for (size_t i = 0; i < a.params.size(); ++i) {
-        EXPECT_EQ(0, std::memcmp(a.params[i].data(), b.params[i].data(),
-                                 a.params[i].size() * sizeof(float)))
-            << "parameter " << i;
-    }
+    return testing::record_run(cfg, steps, prepare);
 }
 
 std::vector<std::string> tiny(int world, std::vector<std::string> extra) {
-    std::vector<std::string> o = {"model.num_layers=2",
-                                  "model.hidden_size=64",
-                                  "model.kv_channels=16",
-                                  "model.ffn_hidden_size=128",
-                                  "model.moe_ffn_hidden_size=64",
-                                  "model.seq_length=32",
-                                  "train.micro_batch_size=2",
-                                  "comm.gpus_per_node=" + std::to_string(world),
-                                  "model.expert_model_parallel_size=" + std::to_string(world)};
+    std::vector<std::string> o = testing::tiny_shape_overrides();
+    o.push_back("comm.gpus_per_node=" + std::to_string(world));
+    o.push_back("model.expert_model_parallel_size=" + std::to_string(world));
     o.insert(o.end(), extra.begin(), extra.end());
     return o;
 }
