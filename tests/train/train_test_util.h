@@ -32,9 +32,8 @@ inline config::Config run_config(const std::string& recipe, std::vector<std::str
 // tiny-moe shrunk for the multi-rank trainer tests: 2 layers, hidden 64, 2 sequences of 32 tokens
 // per micro-batch. The topology, EP size and batch are each test's own.
 inline std::vector<std::string> tiny_shape_overrides() {
-    return {"model.num_layers=2",        "model.hidden_size=64",
-            "model.kv_channels=16",      "model.ffn_hidden_size=128",
-            "model.moe_ffn_hidden_size=64", "model.seq_length=32",
+    return {"model.num_layers=2",        "model.hidden_size=64",         "model.kv_channels=16",
+            "model.ffn_hidden_size=128", "model.moe_ffn_hidden_size=64", "model.seq_length=32",
             "train.micro_batch_size=2"};
 }
 
