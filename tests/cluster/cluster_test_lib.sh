@@ -21,6 +21,12 @@ skip_unless_namespaces() {
     echo "SKIP: processes cannot enter a network namespace here (ip netns exec fails: a chroot?)"
     exit 77
   fi
+  # Each emulated host also takes its own host name (a UTS namespace, util-linux's unshare).
+  if ! ip netns exec "$name-probe" unshare --uts true 2>/dev/null; then
+    ip netns del "$name-probe"
+    echo "SKIP: a host name namespace cannot be made here (unshare --uts fails)"
+    exit 77
+  fi
   ip netns del "$name-probe"
 }
 
