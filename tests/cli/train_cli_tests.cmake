@@ -21,6 +21,15 @@ epo_train_cli_test(train_two_ranks 0 "^# epo: configuration finalized, no error"
                    " iteration +4/ +4 \\| consumed samples: +32 \\|.*lm loss: [0-9.E+-]+ \\|"
                    NP 2 RUN ${_tiny_train} --moe_a2a_overlap true)
 
+# Ranks started by a plain mpirun whose OpenMP threads outnumber the host's CPUs (2 ranks of as
+# many threads as the machine has CPUs: twice its CPUs): a warning that names the counts and the
+# fix, and the run goes on.
+cmake_host_system_information(RESULT _cpus QUERY NUMBER_OF_LOGICAL_CORES)
+epo_train_cli_test(train_warns_of_omp_oversubscription 0
+                   "epo: warning: 2 rank\\(s\\) on this host each start ${_cpus} OpenMP thread\\(s\\).*set OMP_NUM_THREADS="
+                   " iteration +4/ +4 \\|"
+                   NP 2 ENV OMP_NUM_THREADS=${_cpus} RUN ${_tiny_train})
+
 # One rank fails inside an overlap step: the job ends (exit 1) with the rank and the reason.
 epo_train_cli_test(train_rank_failure_ends_job 1
                    "rank 1 of 2 failed: .*injected failure \\(EPO_INJECT_FAILURE\\) in mb1.layer1.dispatch.forward of step 2"

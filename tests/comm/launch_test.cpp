@@ -65,6 +65,29 @@ TEST(Launch, OmpThreadsDefaultToCoresPerRank) {
     }
 }
 
+// Ranks started by a plain mpirun: a warning when their OpenMP threads outnumber the host's CPUs
+// (each rank starts OMP_NUM_THREADS threads, or one per CPU it may use), none when they fit.
+TEST(Launch, OmpOversubscriptionIsNamedWithItsFix) {
+    // Two unbound ranks of two threads each on two cores (measured 3.8x slower steps).
+    const std::string w = omp_oversubscription_warning(2, nullptr, 2, 2);
+    EXPECT_NE(w.find("2 rank(s) on this host each start 2 OpenMP thread(s)"), std::string::npos)
+        << w;
+    EXPECT_NE(w.find("OMP_NUM_THREADS unset"), std::string::npos) << w;
+    EXPECT_NE(w.find("4 threads on 2 CPUs"), std::string::npos) << w;
+    EXPECT_NE(w.find("set OMP_NUM_THREADS=1 for every rank"), std::string::npos) << w;
+    EXPECT_NE(omp_oversubscription_warning(8, "16", 64, 64).find("OMP_NUM_THREADS=16"),
+              std::string::npos);
+    EXPECT_NE(omp_oversubscription_warning(8, "16,2", 64, 64), "");  // nested: the first count
+    // Fitting: bound ranks (one allowed CPU each), an explicit count, one rank per host.
+    EXPECT_EQ(omp_oversubscription_warning(2, nullptr, 1, 2), "");
+    EXPECT_EQ(omp_oversubscription_warning(8, "8", 64, 64), "");
+    EXPECT_EQ(omp_oversubscription_warning(1, nullptr, 64, 64), "");
+    // Unknown: uneven hosts, an OMP_NUM_THREADS OpenMP would not read as a count.
+    EXPECT_EQ(omp_oversubscription_warning(0, nullptr, 2, 2), "");
+    EXPECT_EQ(omp_oversubscription_warning(2, "lots", 2, 2), "");
+    EXPECT_EQ(omp_oversubscription_warning(2, "-3", 2, 2), "");
+}
+
 TEST(Launch, BadOptionsAreUsageErrors) {
     try {
         make_launch_command(options_for(0), MpiFlavor::kOpenMpi, true, 2);

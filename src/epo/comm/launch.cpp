@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,6 +96,42 @@ std::vector<std::string> make_launch_command(const LaunchOptions& options, MpiFl
     }
     argv.insert(argv.end(), options.command.begin(), options.command.end());
     return argv;
+}
+
+std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num_threads,
+                                         int allowed_cpus, int host_cpus) {
+    if (ranks_per_host <= 0 || allowed_cpus <= 0 || host_cpus <= 0)
+        return "";
+    int threads = allowed_cpus;
+    std::string why = "OMP_NUM_THREADS unset: one per CPU the rank may run on";
+    if (omp_num_threads && *omp_num_threads) {
+        char* end = nullptr;
+        errno = 0;
+        const long n = std::strtol(omp_num_threads, &end, 10);
+        if (errno != 0 || end == omp_num_threads || n <= 0 || n > 1'000'000 ||
+            (*end != '\0' && *end != ','))
+            return "";
+        threads = static_cast<int>(n);
+        why = fmt::format("OMP_NUM_THREADS={}", omp_num_threads);
+    }
+    if (static_cast<int64_t>(threads) * ranks_per_host <= host_cpus)
+        return "";
+    return fmt::format(
+        "epo: warning: {} rank(s) on this host each start {} OpenMP thread(s) for oneDNN ({}), "
+        "{} threads on {} CPUs: oversubscribed, the products can run several times slower; set "
+        "OMP_NUM_THREADS={} for every rank (mpirun -x OMP_NUM_THREADS=...), or start the job with "
+        "epo launch, which sets it",
+        ranks_per_host, threads, why, static_cast<int64_t>(threads) * ranks_per_host, host_cpus,
+        std::max(1, host_cpus / ranks_per_host));
+}
+
+std::string omp_oversubscription_warning(int ranks_per_host) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int allowed = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return omp_oversubscription_warning(ranks_per_host, std::getenv("OMP_NUM_THREADS"), allowed,
+                                        online > 0 ? static_cast<int>(online) : 0);
 }
 
 std::vector<std::string> make_launch_command(const LaunchOptions& options) {

@@ -30,6 +30,17 @@ struct LaunchOptions {
     std::vector<std::pair<std::string, std::string>> env;  // extra environment of every rank
 };
 
+// For ranks started without epo launch (a plain mpirun): "" when the OpenMP threads of this
+// host's ranks fit its CPUs, else a warning naming the counts and the fix. Each rank starts
+// OMP_NUM_THREADS threads (its first number) or, unset, one per CPU it may run on
+// (`allowed_cpus`); `ranks_per_host` of them over `host_cpus` oversubscribe when the product is
+// larger (measured: 3.8x slower steps with two unbound ranks of two threads each on two cores).
+// `ranks_per_host` 0 (uneven hosts) or an unreadable OMP_NUM_THREADS: "".
+std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num_threads,
+                                         int allowed_cpus, int host_cpus);
+// The same for this process: its OMP_NUM_THREADS, affinity and the machine's online CPUs.
+std::string omp_oversubscription_warning(int ranks_per_host);
+
 // Raises epo::Error naming the option for bad values (no ranks, no command).
 std::vector<std::string> make_launch_command(const LaunchOptions& options, MpiFlavor flavor,
                                              bool as_root, int num_cores);

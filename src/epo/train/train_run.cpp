@@ -11,6 +11,7 @@
 #include "epo/checkpoint/rank_agreement.h"
 #include "epo/checkpoint/start_checks.h"
 #include "epo/checkpoint/stop_signal.h"
+#include "epo/comm/launch.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/rank_runner.h"
 #include "epo/config/memory_estimate.h"
@@ -151,6 +152,9 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
         std::filesystem::create_directories(result.run_dir);
         config::save_yaml(report.config, result.run_dir / "config.yaml");
         log << config::format_run_log(report) << std::flush;
+        if (const std::string w = comm::omp_oversubscription_warning(job.ranks_per_host);
+            !w.empty())
+            log << w << "\n" << std::flush;
     }
 
     const config::Config& cfg = report.config;
