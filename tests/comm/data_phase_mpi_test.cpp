@@ -242,6 +242,12 @@ double cpu_seconds(clockid_t clock) {
 TEST(DataPhase, ComputeOnTheSameCoreKeepsItsSpeedWhileBytesAreInFlight) {
     if (world_size() != 2 || std::thread::hardware_concurrency() < 2)
         GTEST_SKIP() << "needs two ranks and two CPUs";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    // The waiting thread's own loop is instrumented there and costs several times its CPU (a share
+    // of 0.81 was seen under ASan next to another test); the property is the release build's,
+    // which the release suite checks.
+    GTEST_SKIP() << "a CPU-share measurement of the release build's wait";
+#endif
     const int me = world_rank();
     auto groups = make_groups();
     const int64_t per_peer = 16 << 20;
