@@ -66,7 +66,8 @@ struct WaitPolicy {
 // socket takes (Open MPI's TCP transport moves 128 KiB fragments), and the link drains that in
 // 2 ms at 500 Mbit/s but in 0.5 ms at 2 Gbit/s; a 2 ms sleep there left the link idle three
 // quarters of the time (all-to-alls at 1.3-1.55x their time with 20 us sleeps, on the emulated
-// cluster). So a sleep also ends before the observed rate has moved bytes_per_sleep.
+// cluster). So a sleep also ends before the observed rate has moved bytes_per_sleep, when some
+// peer of the transfer is on another host (same-host peers ring the doorbell instead).
 struct DataWaitPolicy {
     double sleep_fraction = 0.125;
     double max_sleep_us = 2000;
