@@ -82,6 +82,10 @@ TEST(Launch, OmpOversubscriptionIsNamedWithItsFix) {
     EXPECT_EQ(omp_oversubscription_warning(2, nullptr, 1, 2), "");
     EXPECT_EQ(omp_oversubscription_warning(8, "8", 64, 64), "");
     EXPECT_EQ(omp_oversubscription_warning(1, nullptr, 64, 64), "");
+    // More ranks than CPUs, one thread each: the job's own oversubscription, not OpenMP's.
+    EXPECT_EQ(omp_oversubscription_warning(4, "1", 1, 2), "");
+    EXPECT_EQ(omp_oversubscription_warning(4, nullptr, 1, 2), "");
+    EXPECT_NE(omp_oversubscription_warning(4, nullptr, 2, 2), "");  // unbound: 2 threads each
     // Unknown: uneven hosts, an OMP_NUM_THREADS OpenMP would not read as a count.
     EXPECT_EQ(omp_oversubscription_warning(0, nullptr, 2, 2), "");
     EXPECT_EQ(omp_oversubscription_warning(2, "lots", 2, 2), "");

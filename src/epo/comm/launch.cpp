@@ -114,7 +114,10 @@ std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num
         threads = static_cast<int>(n);
         why = fmt::format("OMP_NUM_THREADS={}", omp_num_threads);
     }
-    if (static_cast<int64_t>(threads) * ranks_per_host <= host_cpus)
+    // More ranks than CPUs is the job's own choice; only threads beyond the CPUs' share are
+    // OpenMP's doing, and only those does the fix remove.
+    const int fair = std::max(1, host_cpus / ranks_per_host);
+    if (threads <= fair || static_cast<int64_t>(threads) * ranks_per_host <= host_cpus)
         return "";
     return fmt::format(
         "epo: warning: {} rank(s) on this host each start {} OpenMP thread(s) for oneDNN ({}), "
@@ -122,7 +125,7 @@ std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num
         "OMP_NUM_THREADS={} for every rank (mpirun -x OMP_NUM_THREADS=...), or start the job with "
         "epo launch, which sets it",
         ranks_per_host, threads, why, static_cast<int64_t>(threads) * ranks_per_host, host_cpus,
-        std::max(1, host_cpus / ranks_per_host));
+        fair);
 }
 
 std::string omp_oversubscription_warning(int ranks_per_host) {

@@ -34,8 +34,10 @@ struct LaunchOptions {
 // host's ranks fit its CPUs, else a warning naming the counts and the fix. Each rank starts
 // OMP_NUM_THREADS threads (its first number) or, unset, one per CPU it may run on
 // (`allowed_cpus`); `ranks_per_host` of them over `host_cpus` oversubscribe when the product is
-// larger (measured: 3.8x slower steps with two unbound ranks of two threads each on two cores).
-// `ranks_per_host` 0 (uneven hosts) or an unreadable OMP_NUM_THREADS: "".
+// larger and each rank has more than its share, max(1, host_cpus / ranks_per_host) (measured:
+// 3.8x slower steps with two unbound ranks of two threads each on two cores). More ranks than
+// CPUs at one thread each is the job's own choice and not warned of. `ranks_per_host` 0 (uneven
+// hosts) or an unreadable OMP_NUM_THREADS: "".
 std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num_threads,
                                          int allowed_cpus, int host_cpus);
 // The same for this process: its OMP_NUM_THREADS, affinity and the machine's online CPUs.
