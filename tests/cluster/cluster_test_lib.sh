@@ -82,3 +82,25 @@ expect_no_rank_left() {
 
 # The lines that must be identical between two runs of the same training.
 losses() { grep -o "lm loss: .*grad norm: [^|]*" "$1"; }
+
+# tiny-moe trains 3 steps over the cluster's 2 hosts with `$1` ranks each (EP = all ranks), then
+# the same topology over shared memory on this host; fails unless the job resolved to 2 nodes of
+# `$1` and the losses and grad norms are bit-identical.
+train_matches_shared_memory() {
+  local slots=$1 np=$(( 2 * $1 )) tag="net$1"
+  local train=(train --model tiny-moe -ep "$np" --max_steps 3)
+  EPO_CLUSTER_SLOTS=$slots "$cluster" run bash -c "OMP_NUM_THREADS=1 timeout 180 mpirun \
+    -x OMP_NUM_THREADS -H \"\$EPO_CLUSTER_HOSTS\" -np $np $epo ${train[*]} \
+    logger.log_dir=$out/$tag" >"$out/$tag.txt" 2>&1 ||
+    { cat "$out/$tag.txt"; fail "the run over 2 hosts x $slots failed"; }
+  (source "$root/scripts/mpi_env.sh"
+   OMP_NUM_THREADS=1 timeout 180 mpirun -np "$np" "$epo" "${train[@]}" --num_nodes 2 \
+     --gpus_per_node "$slots" logger.log_dir="$out/shm$slots") >"$out/shm$slots.txt" 2>&1 ||
+    { cat "$out/shm$slots.txt"; fail "the shared-memory run of 2 x $slots failed"; }
+  grep -q "^  num_nodes: 2$" "$out/$tag.txt" || fail "2 hosts x $slots did not resolve to 2 nodes"
+  grep -q "^  gpus_per_node: $slots$" "$out/$tag.txt" ||
+    fail "2 hosts x $slots did not resolve to $slots ranks per node"
+  [[ $(losses "$out/$tag.txt" | wc -l) -eq 3 ]] || fail "2 hosts x $slots: expected 3 logged steps"
+  diff <(losses "$out/$tag.txt") <(losses "$out/shm$slots.txt") ||
+    fail "2 hosts x $slots: losses differ between the hosts and shared memory"
+}

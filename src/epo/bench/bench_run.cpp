@@ -493,9 +493,11 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     const auto t0 = Clock::now();
     const int rank = comm::current_world_rank();
     const comm::JobShape job = comm::current_job_shape();
-    if (const std::string w = comm::omp_oversubscription_warning(job.ranks_per_host);
-        rank == 0 && !w.empty())
-        log << w << "\n" << std::flush;
+    if (rank == 0) {
+        if (const std::string w = comm::omp_oversubscription_warning(job.ranks_per_host);
+            !w.empty())
+            log << w << "\n" << std::flush;
+    }
     BenchResult result;
     result.config = check_bench_config(options, job);
     with_default_model(options.sources, &result.proxy);

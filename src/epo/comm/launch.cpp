@@ -114,10 +114,10 @@ std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num
         threads = static_cast<int>(n);
         why = fmt::format("OMP_NUM_THREADS={}", omp_num_threads);
     }
-    // More ranks than CPUs is the job's own choice; only threads beyond the CPUs' share are
-    // OpenMP's doing, and only those does the fix remove.
+    // More ranks than CPUs is the job's own choice; only threads beyond a rank's share are
+    // OpenMP's doing (and then threads x ranks exceeds the CPUs), and only those the fix removes.
     const int fair = std::max(1, host_cpus / ranks_per_host);
-    if (threads <= fair || static_cast<int64_t>(threads) * ranks_per_host <= host_cpus)
+    if (threads <= fair)
         return "";
     return fmt::format(
         "epo: warning: {} rank(s) on this host each start {} OpenMP thread(s) for oneDNN ({}), "
