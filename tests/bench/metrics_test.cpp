@@ -85,14 +85,15 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
          {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
          {"calibration", nullptr},
          {"num_micro_batches", 2},
-         {"num_token_chunks", 2},
+         {"num_chunks", 2},
+         {"chunk_by", "tokens"},
          {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)},
          {"overlap_speedup", 1.45},
          {"overlap_efficiency", 0.9},
          {"loss_bitwise_identical", true},
          {"bitwise_identical", true}});
     EXPECT_NE(table.find("overlap: critical-path bound 1.250 s = at most 1.60x; theoretical cap "
-                         "2NC/(NC+1) = 1.60x (N = 2, C = 2)"),
+                         "2NC/(NC+1) = 1.60x (N = 2, C = 2 by tokens)"),
               std::string::npos)
         << table;
     EXPECT_NE(table.find("baseline: comm threads' CPU 0.200 s per step for 0.800 s of "

@@ -225,7 +225,10 @@ TEST(MoeRules, MO006ExpertBiasNeedsSigmoid) {
 // each error names the field, its value and the fix.
 TEST(MoeRules, MO007TokenChunks) {
     const auto chunks = [](int n) {
-        return [n](Config& c) { c.model.moe_ep_overlap_num_chunks = n; };
+        return [n](Config& c) {
+            c.model.moe_ep_overlap_num_chunks = n;
+            c.model.moe_ep_overlap_chunk_by = ChunkSplit::kTokens;
+        };
     };
     EXPECT_FALSE(fires("MO007", chunks(1)));
     EXPECT_FALSE(fires("MO007", chunks(2)));  // tiny-moe: 1 x 128 tokens
@@ -242,6 +245,7 @@ TEST(MoeRules, MO007TokenChunks) {
     }
     EXPECT_TRUE(fires("MO007", [](Config& c) {
         c.model.moe_ep_overlap_num_chunks = 2;
+        c.model.moe_ep_overlap_chunk_by = ChunkSplit::kTokens;
         c.model.moe_expert_capacity_factor = 1.0;
     }));
     EXPECT_TRUE(fires("MO007", [](Config& c) {
@@ -254,6 +258,34 @@ TEST(MoeRules, MO007TokenChunks) {
         c.model.expert_model_parallel_size = 1;
     }));
     EXPECT_FALSE(check(chunks(0)).ok());  // the field's range: at least 1
+}
+
+// Expert chunks (the default split): equal groups of each rank's local experts, with or without
+// a capacity; tiny-moe on EP 4 has 8 / 4 = 2 local experts.
+TEST(MoeRules, MO007ExpertChunks) {
+    const auto chunks = [](int n) {
+        return [n](Config& c) { c.model.moe_ep_overlap_num_chunks = n; };
+    };
+    EXPECT_FALSE(fires("MO007", chunks(2)));
+    EXPECT_FALSE(fires("MO007", [](Config& c) {
+        c.model.moe_ep_overlap_num_chunks = 2;
+        c.model.moe_expert_capacity_factor = 1.0;
+    }));
+    const ValidationReport four = check(chunks(4));
+    ASSERT_TRUE(has(four.errors, "MO007"));
+    for (const Finding& f : four.errors) {
+        if (f.id == "MO007") {
+            EXPECT_EQ(f.field, "model.moe_ep_overlap_num_chunks");
+            EXPECT_EQ(f.value, "4");
+            EXPECT_NE(f.message.find("2 local experts"), std::string::npos) << f.message;
+            EXPECT_NE(f.fix.find("divides 2"), std::string::npos) << f.fix;
+            EXPECT_NE(f.fix.find("moe_ep_overlap_chunk_by=tokens"), std::string::npos) << f.fix;
+        }
+    }
+    EXPECT_FALSE(fires("MO007", [](Config& c) {  // EP 2: 4 local experts
+        c.model.moe_ep_overlap_num_chunks = 4;
+        c.model.expert_model_parallel_size = 2;
+    }));
 }
 
 TEST(MoeRules, DenseModelsSkipMoeChecks) {

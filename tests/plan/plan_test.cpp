@@ -131,6 +131,50 @@ TEST(PlanCost, DispatchMovesTheRoutedRowsByNode) {
                 static_cast<double>(w.bytes.inter_sent) / 50e9 + 2 * 10e-6, 1e-12);
 }
 
+// A chunked MoE layer's calls (docs/chunked-overlap.md) split the micro-batch's work: together
+// the C chunks' calls do the products and move the bytes of the one whole call. By experts each
+// chunk runs L / C experts on their whole rows; by tokens every expert on 1 / C of its rows.
+TEST(PlanCost, ChunksShareTheWholeCallsWork) {
+    const auto flops = [](const NodeWork& w) {
+        double f = 0;
+        for (const Gemm& g : w.gemms)
+            f += 2 * g.m * g.n * g.k * g.count;
+        return f;
+    };
+    const auto work = [](const std::vector<std::string>& o, schedule::NodeKind kind, int chunk) {
+        const config::Config cfg = finalized(o);
+        const model::GptShape shape = model::gpt_shape_from_config(cfg, 16, 0);
+        const PlanModel m =
+            make_plan_model(cfg, train::make_step_plan(cfg, shape), h100().device, false);
+        NodeCall call{0, 0, kind, schedule::Phase::kForward};
+        call.moe_chunk = chunk;
+        return node_work(m, call);
+    };
+    const NodeWork whole = work({}, schedule::NodeKind::kMlp, -1);
+    const NodeWork whole_dispatch = work({}, schedule::NodeKind::kDispatch, -1);
+    ASSERT_FALSE(whole.gemms.empty());
+    for (const char* by : {"experts", "tokens"}) {
+        SCOPED_TRACE(by);
+        const std::vector<std::string> o = {"model.moe_ep_overlap_num_chunks=4",
+                                            std::string("model.moe_ep_overlap_chunk_by=") + by};
+        const NodeWork part = work(o, schedule::NodeKind::kMlp, 1);
+        EXPECT_NEAR(4 * flops(part), flops(whole), 1e-6 * flops(whole));
+        EXPECT_NEAR(4 * part.elementwise_bytes, whole.elementwise_bytes,
+                    1e-9 * whole.elementwise_bytes);
+        // qwen3-30b-a3b at EP 16: 8 local experts, so 2 per chunk by experts.
+        if (std::string(by) == "experts") {
+            EXPECT_DOUBLE_EQ(part.gemms[0].m, whole.gemms[0].m);
+            EXPECT_DOUBLE_EQ(part.gemms[0].count, 2);
+        } else {
+            EXPECT_DOUBLE_EQ(4 * part.gemms[0].m, whole.gemms[0].m);
+            EXPECT_DOUBLE_EQ(part.gemms[0].count, 8);
+        }
+        const NodeWork d = work(o, schedule::NodeKind::kDispatch, 3);
+        EXPECT_NEAR(4.0 * static_cast<double>(d.bytes.inter_sent),
+                    static_cast<double>(whole_dispatch.bytes.inter_sent), 4.0);
+    }
+}
+
 TEST(PlanCost, FlexDeduplicatesAsDocsFlexSays) {
     // docs/flex.md: E = 256, k = 8: 1.0 remote copies per token on 2 nodes, 2.7 on 4, 4.6 on 8.
     EXPECT_NEAR(flex_remote_copies(256, 8, 2), 1.0, 0.01);

@@ -81,7 +81,7 @@ TEST(CriticalPath, ParamGatherIsAPrefetchItsReaderWaitsFor) {
 // with m0 [2,3], c0 [3,4] with m1 [3,4], c1 [4,5]: 5 s against the baseline's 7.
 TEST(CriticalPath, ChunksOfOneMicroBatchOverlap) {
     ScheduleShape s{1, {true}, false};
-    s.num_token_chunks = 2;
+    s.num_moe_chunks = 2;
     const auto one = [](const NodeCall&) { return 1.0; };
     std::vector<NodeCall> forward;
     for (const auto& c : overlap_schedule(s))
@@ -104,10 +104,10 @@ TEST(CriticalPath, ChunksMakeOneMicroBatchOverlap) {
     const auto dur = [](const NodeCall&) { return 1.0; };
     ScheduleShape whole{1, {true, true}, false};
     ScheduleShape chunked = whole;
-    chunked.num_token_chunks = 4;
+    chunked.num_moe_chunks = 4;
     // Chunked durations: a chunk takes 1/C of its whole node.
     const auto chunk_dur = [&](const NodeCall& c) {
-        return c.token_chunk >= 0 ? dur(c) / chunked.num_token_chunks : dur(c);
+        return c.moe_chunk >= 0 ? dur(c) / chunked.num_moe_chunks : dur(c);
     };
     const double base = critical_path_seconds(baseline_schedule(whole), dur);
     EXPECT_DOUBLE_EQ(critical_path_seconds(overlap_schedule(whole), dur), base);

@@ -314,7 +314,7 @@ TEST(Schedule, BucketEndsMustCoverTheModel) {
 
 ScheduleShape chunked_shape(int mbs, std::vector<bool> layers, bool delay, int chunks) {
     ScheduleShape s{mbs, std::move(layers), delay};
-    s.num_token_chunks = chunks;
+    s.num_moe_chunks = chunks;
     return s;
 }
 
@@ -334,7 +334,7 @@ TEST(Schedule, OneChunkIsTheUnchunkedSchedule) {
         EXPECT_EQ(baseline_schedule(one), baseline_schedule(whole));
         EXPECT_EQ(overlap_schedule(one), overlap_schedule(whole));
         for (const auto& c : overlap_schedule(one))
-            EXPECT_EQ(c.token_chunk, -1) << call_name(c);
+            EXPECT_EQ(c.moe_chunk, -1) << call_name(c);
     }
 }
 
@@ -415,7 +415,7 @@ TEST(Schedule, ChunkedSchedulesKeepDependenciesAndAccumulationOrder) {
             if (is_side_branch(c.node) || (skip_dw && c.phase == Phase::kBackwardDw))
                 continue;
             for (int k = 0; k < chunks; ++k)
-                if (c.token_chunk < 0 || c.token_chunk == k)
+                if (c.moe_chunk < 0 || c.moe_chunk == k)
                     out[{c.micro_batch, k}].push_back(call_name(c));
         }
         return out;
@@ -427,7 +427,7 @@ TEST(Schedule, ChunkedSchedulesKeepDependenciesAndAccumulationOrder) {
                 c.phase == Phase::kBackwardDw || (c.phase == Phase::kBackward && !c.wgrad_delayed);
             if (!carries_wgrad || is_side_branch(c.node))
                 continue;
-            const ChainKey now{c.micro_batch, c.token_chunk};
+            const ChainKey now{c.micro_batch, c.moe_chunk};
             auto [it, inserted] = last.try_emplace({c.layer, c.node}, now);
             if (!inserted) {
                 EXPECT_LT(it->second, now) << call_name(c);
@@ -447,7 +447,7 @@ TEST(Schedule, ChunkedSchedulesKeepDependenciesAndAccumulationOrder) {
                     expect_accumulation_order(overlap);
                     std::map<std::tuple<int, int, NodeKind, Phase, int>, int> seen;
                     for (const auto& c : overlap)
-                        seen[{c.micro_batch, c.layer, c.node, c.phase, c.token_chunk}]++;
+                        seen[{c.micro_batch, c.layer, c.node, c.phase, c.moe_chunk}]++;
                     for (const auto& [key, n] : seen) {
                         EXPECT_EQ(n, 1);
                         const bool chunked_node =
@@ -456,7 +456,7 @@ TEST(Schedule, ChunkedSchedulesKeepDependenciesAndAccumulationOrder) {
                             (std::get<2>(key) == NodeKind::kMlp && pattern[std::get<1>(key)]);
                         EXPECT_EQ(std::get<4>(key) >= 0, chunked_node);
                     }
-                    EXPECT_EQ(num_token_chunks(overlap), chunks);
+                    EXPECT_EQ(num_moe_chunks(overlap), chunks);
                 }
             }
         }

@@ -1,6 +1,7 @@
-// Token chunks (docs/chunked-overlap.md) through the whole trainer: the overlap schedule with C
-// chunks against the baseline with the same C, bit for bit; chunked against unchunked within a
-// stated tolerance (the expert weight gradients are summed in other row blocks).
+// Chunks (docs/chunked-overlap.md) through the whole trainer: the overlap schedule with C chunks
+// against the baseline with the same C, bit for bit, for both splits; chunks by experts against
+// unchunked, bit for bit; chunks by tokens against unchunked within a stated tolerance (the
+// expert weight gradients are summed in other row blocks).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,15 +32,21 @@ ChunkRun run_chunked(const config::Config& cfg, int steps) {
     return r;
 }
 
-// tiny-moe: 2 MoE layers, 64 tokens per micro-batch on a rank (2 sequences of 32), EP = world.
+// tiny-moe: 2 MoE layers, 64 tokens per micro-batch on a rank (2 sequences of 32), 8 experts,
+// EP = world (so 8 / world local experts).
+int local_experts() {
+    return 8 / comm::current_world_size();
+}
+
 config::Config chunk_config(int micro_batches, int chunks, bool overlap, bool delay, bool fused,
-                            std::vector<std::string> extra = {}) {
+                            std::vector<std::string> extra = {}, bool by_tokens = false) {
     const int world = comm::current_world_size();
     std::vector<std::string> o = testing::tiny_shape_overrides();
     o.push_back("comm.gpus_per_node=" + std::to_string(world));
     o.push_back("model.expert_model_parallel_size=" + std::to_string(world));
     o.push_back("train.global_batch_size=" + std::to_string(2 * world * micro_batches));
     o.push_back("model.moe_ep_overlap_num_chunks=" + std::to_string(chunks));
+    o.push_back(std::string("model.moe_ep_overlap_chunk_by=") + (by_tokens ? "tokens" : "experts"));
     o.push_back(std::string("model.gradient_accumulation_fusion=") + (fused ? "true" : "false"));
     if (overlap) {
         o.push_back("comm_overlap.overlap_moe_expert_parallel_comm=true");
@@ -51,13 +58,17 @@ config::Config chunk_config(int micro_batches, int chunks, bool overlap, bool de
 
 struct ChunkCase {
     int micro_batches;
-    int chunks;
+    int chunks;  // 0: one chunk per local expert
     bool fused = false;
+    bool by_tokens = false;
+    int resolved_chunks() const { return chunks > 0 ? chunks : local_experts(); }
 };
 
 std::string chunk_case_name(const ::testing::TestParamInfo<ChunkCase>& info) {
-    return std::to_string(info.param.micro_batches) + "mb_" + std::to_string(info.param.chunks) +
-           "chunks" + (info.param.fused ? "_fused" : "");
+    const ChunkCase& k = info.param;
+    return std::to_string(k.micro_batches) + "mb_" +
+           (k.chunks > 0 ? std::to_string(k.chunks) : std::string("per_expert")) +
+           (k.by_tokens ? "_token_chunks" : "_expert_chunks") + (k.fused ? "_fused" : "");
 }
 
 class ChunkedOverlap : public ::testing::TestWithParam<ChunkCase> {};
@@ -67,15 +78,18 @@ class ChunkedOverlap : public ::testing::TestWithParam<ChunkCase> {};
 TEST_P(ChunkedOverlap, BitIdenticalToChunkedBaseline) {
     constexpr int kSteps = 6;
     const ChunkCase k = GetParam();
-    const config::Config base = chunk_config(k.micro_batches, k.chunks, false, false, k.fused);
-    const config::Config overlap = chunk_config(k.micro_batches, k.chunks, true, false, k.fused);
-    const config::Config delayed = chunk_config(k.micro_batches, k.chunks, true, true, k.fused);
-    ASSERT_EQ(base.model.moe_ep_overlap_num_chunks, k.chunks);
+    const int n = k.resolved_chunks();
+    const auto config = [&](bool overlap, bool delay) {
+        return chunk_config(k.micro_batches, n, overlap, delay, k.fused, {}, k.by_tokens);
+    };
+    const config::Config base = config(false, false), overlap = config(true, false),
+                         delayed = config(true, true);
+    ASSERT_EQ(base.model.moe_ep_overlap_num_chunks, n);
     ASSERT_TRUE(delayed.model.delay_wgrad_compute);
     const ChunkRun a = run_chunked(base, kSteps), b = run_chunked(overlap, kSteps),
                    c = run_chunked(delayed, kSteps);
-    EXPECT_EQ(schedule::num_token_chunks(a.calls), k.chunks);
-    EXPECT_EQ(schedule::num_token_chunks(b.calls), k.chunks);
+    EXPECT_EQ(schedule::num_moe_chunks(a.calls), n);
+    EXPECT_EQ(schedule::num_moe_chunks(b.calls), n);
     expect_bit_identical(a, b);
     expect_bit_identical(a, c);
     EXPECT_LT(a.losses.back(), a.losses.front());
@@ -94,11 +108,39 @@ TEST_P(ChunkedOverlap, BitIdenticalToChunkedBaseline) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, ChunkedOverlap,
-                         ::testing::Values(ChunkCase{1, 2}, ChunkCase{2, 2}, ChunkCase{3, 4},
-                                           ChunkCase{2, 4, true}, ChunkCase{1, 4, true}),
+                         ::testing::Values(ChunkCase{1, 2, false, true},
+                                           ChunkCase{2, 2, false, true},
+                                           ChunkCase{3, 4, false, true},
+                                           ChunkCase{2, 4, true, true}, ChunkCase{1, 4, true, true},
+                                           ChunkCase{1, 2}, ChunkCase{2, 2, true}, ChunkCase{3, 0},
+                                           ChunkCase{1, 0, true}),
                          chunk_case_name);
 
-// Chunked against unchunked. A token's forward is the same whatever chunk it is in, so the
+// Chunks by experts move and compute every row where the unchunked block does (moe_block.h): the
+// whole run, from the first loss to the final parameters, is the unchunked baseline's bit for bit,
+// with or without overlap and delayed wgrad, fused or not, and with a capacity.
+TEST(ChunkedOverlap, ExpertChunksAreBitIdenticalToUnchunked) {
+    constexpr int kSteps = 4;
+    for (bool fused : {false, true}) {
+        const ChunkRun whole = run_chunked(chunk_config(2, 1, false, false, fused), kSteps);
+        for (int chunks : {2, local_experts()}) {
+            for (bool overlap : {false, true}) {
+                const ChunkRun part =
+                    run_chunked(chunk_config(2, chunks, overlap, overlap, fused), kSteps);
+                SCOPED_TRACE(::testing::Message() << chunks << " expert chunks, overlap " << overlap
+                                                  << ", fused " << fused);
+                expect_bit_identical(whole, part);
+            }
+        }
+    }
+    const std::vector<std::string> capacity = {"model.moe_expert_capacity_factor=1.0"};
+    const ChunkRun whole = run_chunked(chunk_config(2, 1, false, false, false, capacity), kSteps);
+    const ChunkRun part = run_chunked(chunk_config(2, 2, true, true, false, capacity), kSteps);
+    SCOPED_TRACE("2 expert chunks with moe_expert_capacity_factor=1.0");
+    expect_bit_identical(whole, part);
+}
+
+// Chunks by tokens against unchunked. A token's forward is the same whatever chunk it is in, so the
 // first step's loss is equal bit for bit, and its gradients differ only in the order of the
 // expert weight gradients' sums over row blocks: the first grad norm agrees to a relative 1e-9
 // (this check catches a lost or doubled chunk). Adam then amplifies that rounding: its update is
@@ -111,11 +153,12 @@ INSTANTIATE_TEST_SUITE_P(Trainer, ChunkedOverlap,
 TEST(ChunkedOverlap, ChunkedMatchesUnchunkedWithinTolerance) {
     constexpr int kSteps = 4;
     for (bool fused : {false, true}) {
-        const config::Config whole_cfg = chunk_config(2, 1, true, true, fused);
+        const config::Config whole_cfg = chunk_config(2, 1, true, true, fused, {}, true);
         const double lr = whole_cfg.optimizer.lr;
         const ChunkRun whole = run_chunked(whole_cfg, kSteps);
         for (int chunks : {2, 4}) {
-            const ChunkRun part = run_chunked(chunk_config(2, chunks, true, true, fused), kSteps);
+            const ChunkRun part =
+                run_chunked(chunk_config(2, chunks, true, true, fused, {}, true), kSteps);
             EXPECT_EQ(whole.losses.front(), part.losses.front()) << chunks << " chunks";
             ASSERT_EQ(whole.grad_norms.size(), part.grad_norms.size());
             const auto rel = [&](size_t s) {

@@ -157,7 +157,8 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes, nlohmann::js
             {"params_match_baseline", r.params_match_baseline},
             {"baseline_differences", r.baseline_differences},
             {"critical_path_bound_s", optional_json(r.critical_path_bound_s)},
-            {"num_token_chunks", r.config.model.moe_ep_overlap_num_chunks},
+            {"num_chunks", r.config.model.moe_ep_overlap_num_chunks},
+            {"chunk_by", std::string(config::enum_name(r.config.model.moe_ep_overlap_chunk_by))},
             {"overlap_efficiency", optional_json(r.overlap_efficiency)},
             {"speedup_vs_baseline", optional_json(r.speedup_vs_baseline)},
             {"nodes", std::move(nodes)},
@@ -208,7 +209,8 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
             {"gpus_per_node", config::gpus_per_node(c.comm)},
             {"expert_model_parallel_size", c.model.expert_model_parallel_size},
             {"num_micro_batches", config::num_microbatches(c)},
-            {"num_token_chunks", c.model.moe_ep_overlap_num_chunks},
+            {"num_chunks", c.model.moe_ep_overlap_num_chunks},
+            {"chunk_by", std::string(config::enum_name(c.model.moe_ep_overlap_chunk_by))},
             // The overlap schedule's speedup cap at comm = compute (schedule.h).
             {"theoretical_cap",
              schedule::overlap_speedup_cap(static_cast<int>(config::num_microbatches(c)),
@@ -272,9 +274,12 @@ std::string caps_line(const nlohmann::json& m) {
                 fmt::format("{}: critical-path bound {:.3f} s = at most {:.2f}x",
                             r.value("name", ""), bound->get<double>(), base / bound->get<double>());
             if (m.contains("theoretical_cap")) {
-                out += fmt::format("; theoretical cap 2NC/(NC+1) = {:.2f}x (N = {}, C = {})",
+                const int chunks = m.value("num_chunks", 1);
+                out += fmt::format("; theoretical cap 2NC/(NC+1) = {:.2f}x (N = {}, C = {}{})",
                                    m.at("theoretical_cap").get<double>(),
-                                   m.value("num_micro_batches", 0), m.value("num_token_chunks", 1));
+                                   m.value("num_micro_batches", 0), chunks,
+                                   chunks > 1 ? " by " + m.value("chunk_by", std::string("experts"))
+                                              : std::string());
             }
             out += "\n";
         }

@@ -68,6 +68,13 @@ template <>
 inline constexpr auto kEnumNames<FlexBackend> = std::to_array<std::string_view>({"deepep",
                                                                                  "hybridep"});
 
+// How model.moe_ep_overlap_num_chunks splits a MoE layer's dispatch (docs/chunked-overlap.md):
+// by groups of each rank's local experts, or by the micro-batch's tokens.
+enum class ChunkSplit { kExperts, kTokens };
+template <>
+inline constexpr auto kEnumNames<ChunkSplit> = std::to_array<std::string_view>({"experts",
+                                                                                "tokens"});
+
 enum class ScoreFunction { kSoftmax, kSigmoid };
 template <>
 inline constexpr auto kEnumNames<ScoreFunction> = std::to_array<std::string_view>({"softmax",

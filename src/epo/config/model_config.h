@@ -83,10 +83,13 @@ struct ModelConfig {
     DispatcherType moe_token_dispatcher_type = DispatcherType::kAllgather;
     std::optional<FlexBackend> moe_flex_dispatcher_backend;
     bool moe_permute_fusion = false;
-    // Chunks of a micro-batch's tokens in each MoE layer's dispatch/mlp/combine, so one chunk's
-    // all-to-all runs under another's experts (docs/chunked-overlap.md); 1: whole micro-batches.
-    // The reference's open proposal names the feature moe_ep_chunk_overlap; this is its count.
+    // Chunks of each MoE layer's dispatch/mlp/combine, so one chunk's all-to-all runs under
+    // another's experts (docs/chunked-overlap.md); 1: whole micro-batches. The reference's open
+    // proposal names the feature moe_ep_chunk_overlap; this is its count. A chunk is a group of
+    // each rank's local experts (experts: every product and sum as unchunked) or a slice of the
+    // micro-batch's tokens (tokens: the reference's proposal).
     int moe_ep_overlap_num_chunks = 1;
+    ChunkSplit moe_ep_overlap_chunk_by = ChunkSplit::kExperts;
 
     // Precision.
     bool bf16 = false;
@@ -174,6 +177,7 @@ struct ModelConfig {
         v("moe_flex_dispatcher_backend", s.moe_flex_dispatcher_backend);
         v("moe_permute_fusion", s.moe_permute_fusion);
         v("moe_ep_overlap_num_chunks", s.moe_ep_overlap_num_chunks, positive);
+        v("moe_ep_overlap_chunk_by", s.moe_ep_overlap_chunk_by);
         v("bf16", s.bf16);
         v("fp16", s.fp16);
         v("recompute_granularity", s.recompute_granularity);

@@ -121,10 +121,11 @@ void check_layout(const RuleContext& ctx) {
 
 namespace {
 
-// MO007: token chunks (docs/chunked-overlap.md "Configuration"). Equal chunks of the T tokens a
-// rank routes per micro-batch; dropless (a capacity per chunk would drop other tokens than one
-// per micro-batch); the alltoall dispatcher (the one the chunked tests cover). With or without
-// EP overlap: the baseline with chunks is the overlap's reference.
+// MO007: chunks of each MoE layer's dispatch (docs/chunked-overlap.md "Configuration"). By
+// experts: equal groups of each rank's local experts. By tokens: equal chunks of the T tokens a
+// rank routes per micro-batch, dropless (a capacity per chunk would drop other tokens than one
+// per micro-batch). Both with the alltoall dispatcher (the one the chunked tests cover), with or
+// without EP overlap: the baseline with chunks is the overlap's reference.
 void check_token_chunks(const RuleContext& ctx) {
     const ModelConfig& m = ctx.user.model;
     const int chunks = m.moe_ep_overlap_num_chunks;
@@ -135,29 +136,46 @@ void check_token_chunks(const RuleContext& ctx) {
     const std::string fix_one = "or set model.moe_ep_overlap_num_chunks=1";
     if (!is_moe(m)) {
         ctx.error("MO007", field, show(chunks),
-                  "token chunks split the dispatch of MoE layers; this is a dense model",
+                  "chunks split the dispatch of MoE layers; this is a dense model",
                   "set model.moe_ep_overlap_num_chunks=1");
         return;
     }
-    const std::int64_t tokens = std::int64_t{ctx.user.train.micro_batch_size} * m.seq_length;
-    if (tokens % chunks != 0) {
-        ctx.error("MO007", field, show(chunks),
-                  fmt::format("the {} tokens of a micro-batch (train.micro_batch_size {} x "
-                              "model.seq_length {}) do not split into {} equal chunks",
-                              tokens, ctx.user.train.micro_batch_size, m.seq_length, chunks),
-                  fmt::format("use a number of chunks that divides {}, {}", tokens, fix_one));
-    }
-    if (m.moe_expert_capacity_factor) {
-        ctx.error("MO007", field, show(chunks),
-                  "token chunks need dropless routing: a capacity per chunk would drop other "
-                  "tokens than the capacity of the whole micro-batch",
-                  "set model.moe_expert_capacity_factor=null, " + fix_one);
+    if (m.moe_ep_overlap_chunk_by == ChunkSplit::kExperts) {
+        const int ep = m.expert_model_parallel_size;
+        const int local = ep >= 1 && *m.num_moe_experts % ep == 0 ? *m.num_moe_experts / ep : 0;
+        if (local > 0 && local % chunks != 0) {
+            ctx.error("MO007", field, show(chunks),
+                      fmt::format("chunks by experts split the {} local experts of each rank "
+                                  "(model.num_moe_experts {} / model.expert_model_parallel_size "
+                                  "{}) into equal groups, and {} groups do not divide them",
+                                  local, *m.num_moe_experts, ep, chunks),
+                      fmt::format("use a number of chunks that divides {}, set "
+                                  "model.moe_ep_overlap_chunk_by=tokens, {}",
+                                  local, fix_one));
+        }
+    } else {
+        const std::int64_t tokens = std::int64_t{ctx.user.train.micro_batch_size} * m.seq_length;
+        if (tokens % chunks != 0) {
+            ctx.error("MO007", field, show(chunks),
+                      fmt::format("the {} tokens of a micro-batch (train.micro_batch_size {} x "
+                                  "model.seq_length {}) do not split into {} equal chunks",
+                                  tokens, ctx.user.train.micro_batch_size, m.seq_length, chunks),
+                      fmt::format("use a number of chunks that divides {}, {}", tokens, fix_one));
+        }
+        if (m.moe_expert_capacity_factor) {
+            ctx.error("MO007", field, show(chunks),
+                      "token chunks need dropless routing: a capacity per chunk would drop other "
+                      "tokens than the capacity of the whole micro-batch",
+                      "set model.moe_expert_capacity_factor=null, set "
+                      "model.moe_ep_overlap_chunk_by=experts, " +
+                          fix_one);
+        }
     }
     // The finalized dispatcher: flex without a backend runs as alltoall (W009).
     const DispatcherType dispatcher = ctx.fin.model.moe_token_dispatcher_type;
     if (dispatcher != DispatcherType::kAlltoall) {
         ctx.error("MO007", field, show(chunks),
-                  fmt::format("token chunks run with the alltoall token dispatcher only (got {})",
+                  fmt::format("chunks run with the alltoall token dispatcher only (got {})",
                               show(dispatcher)),
                   "set model.moe_token_dispatcher_type=alltoall, " + fix_one);
     }

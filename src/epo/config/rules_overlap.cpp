@@ -211,14 +211,14 @@ void check_advisories(const RuleContext& ctx) {
                              ep, num_nodes(c.comm)));
     }
     const std::int64_t microbatches = num_microbatches(c);
-    // Token chunks overlap within one micro-batch (docs/chunked-overlap.md).
+    // MoE chunks overlap within one micro-batch (docs/chunked-overlap.md).
     if (microbatches < 2 && c.model.moe_ep_overlap_num_chunks <= 1) {
         ctx.warn("W012", "train.global_batch_size", show(global_batch_size(c)),
                  fmt::format("{} micro-batch per step: EP overlap pairs the forward of one "
                              "micro-batch with the backward of another, so nothing overlaps",
                              microbatches),
                  "use a global batch of at least 2 x micro batch x data-parallel size, or "
-                 "token chunks (model.moe_ep_overlap_num_chunks > 1)");
+                 "MoE chunks (model.moe_ep_overlap_num_chunks > 1)");
     }
 }
 

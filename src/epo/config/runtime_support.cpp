@@ -214,7 +214,7 @@ const std::vector<FeatureRow>& rows() {
          "model.pipeline_model_parallel_size=1"},
         // The pipeline schedules (pipeline_schedule.h) issue whole-micro-batch calls only.
         {{"RT029",
-          "token chunks with pipeline parallelism (the pipeline schedules do not split a "
+          "MoE chunks with pipeline parallelism (the pipeline schedules do not split a "
           "micro-batch's dispatch into chunks)",
           &RC::pipeline_token_chunks},
          [](C c) {

@@ -68,7 +68,7 @@ void StatePool<State>::release(State* s) {
 
 template <class State>
 void StatePool<State>::account(State* s) {
-    // Why the lock: with token chunks two nodes of one micro-batch (one per stream) account its
+    // Why the lock: with MoE chunks two nodes of one micro-batch (one per stream) account its
     // states at once.
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = static_cast<int64_t>(s->arena.bytes_in_use());
@@ -349,7 +349,7 @@ void GptModel::run(const schedule::NodeCall& c, const moe::DispatchComms& comms,
                         .dispatcher = dispatcher_.get(),
                         .scratch = &scratch,
                         .loss_grad_scale = loss_grad_scale_,
-                        .token_chunk = c.token_chunk};
+                        .moe_chunk = c.moe_chunk};
     if (c.node == NodeKind::kEmbedding) {
         if (c.phase == Phase::kForward) {
             embedding_forward(c.micro_batch, m);
@@ -384,10 +384,10 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
             if (c.phase == Phase::kForward) {
                 st.x = m.x[at]->t;
                 pre_dispatch_forward(s, p, rope_, st, layer_stats_[at], a);
-                // Token chunks: each chunk's combine writes its rows of the output, so it exists
-                // before them (here, not from the comm stream while this micro-batch's compute
-                // nodes read its hand-off slots).
-                if (s.is_moe && s.moe.num_token_chunks > 1)
+                // Chunks: the chunks' combines write the output, so it exists before them
+                // (here, not from the comm stream while this micro-batch's compute nodes read
+                // its hand-off slots).
+                if (s.is_moe && s.moe.num_chunks > 1)
                     output();
             } else if (c.phase == Phase::kBackward) {
                 pre_dispatch_backward(s, p, rope_, st, m.dx[at + 1]->t, handoff(m.dx, l), wgrad, a);
@@ -413,7 +413,7 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
             return;
         case NodeKind::kCombine:
             if (c.phase == Phase::kForward) {
-                combine_forward(s, p, st, c.token_chunk >= 0 ? m.x[at + 1]->t : output(), a);
+                combine_forward(s, p, st, c.moe_chunk >= 0 ? m.x[at + 1]->t : output(), a);
             } else {
                 combine_backward(s, p, st, m.dx[at + 1]->t, a);
             }

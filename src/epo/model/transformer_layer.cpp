@@ -35,17 +35,12 @@ moe::MoeBlock block_of(const LayerShape& s, const LayerParams& p, const NodeArgs
 // The chunk a MoE layer's dispatch/mlp/combine node runs on: its NodeCall's, or 0 (the whole
 // micro-batch) when the block is not chunked.
 int chunk_of(const LayerShape& s, const NodeArgs& a) {
-    const bool chunked = s.moe.num_token_chunks > 1;
-    EPO_CHECK(chunked == (a.token_chunk >= 0),
-              "a MoE layer's node with token chunk {} in a block of {} chunk(s) "
-              "(moe_ep_overlap_num_chunks and the schedule's num_token_chunks disagree)",
-              a.token_chunk, s.moe.num_token_chunks);
-    return chunked ? a.token_chunk : 0;
-}
-
-// Rows [begin, end) of the micro-batch that a chunked node covers (all of them when whole).
-moe::TokenRows rows_of(const LayerShape& s, const NodeArgs& a) {
-    return moe::token_chunk_rows(s.tokens, s.moe.num_token_chunks, chunk_of(s, a));
+    const bool chunked = s.moe.num_chunks > 1;
+    EPO_CHECK(chunked == (a.moe_chunk >= 0),
+              "a MoE layer's node with chunk {} in a block of {} chunk(s) "
+              "(moe_ep_overlap_num_chunks and the schedule's num_moe_chunks disagree)",
+              a.moe_chunk, s.moe.num_chunks);
+    return chunked ? a.moe_chunk : 0;
 }
 
 }  // namespace
@@ -144,7 +139,12 @@ void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, cons
 
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                      const NodeArgs& a) {
-    const moe::TokenRows r = rows_of(s, a);
+    // The rows this chunk's combine writes (by experts, the last chunk writes them all).
+    const moe::TokenRows r = moe::combine_output_rows(s.moe, s.tokens, chunk_of(s, a));
+    if (r.begin == r.end) {
+        moe::block_combine_forward(block_of(s, p, a), *a.comms, st.moe, Tensor(), chunk_of(s, a));
+        return;
+    }
     Tensor y = a.scratch->alloc({r.end - r.begin, s.hidden}, DType::kF32);
     moe::block_combine_forward(block_of(s, p, a), *a.comms, st.moe, y, chunk_of(s, a));
     add_into(st.h.rows(r.begin, r.end), y, out.rows(r.begin, r.end));
@@ -152,12 +152,14 @@ void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, 
 
 void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
                       const Tensor& d_out, const NodeArgs& a) {
-    // Each chunk converts its rows; the first chunk's backward (the comm stream runs them in
-    // order) allocates the whole of d_out_c, which the pre_dispatch backward reads.
-    const moe::TokenRows r = rows_of(s, a);
+    // Each chunk converts the rows it reads (by experts the first chunk reads them all); the
+    // first chunk's backward (the comm stream runs them in order) allocates the whole of
+    // d_out_c, which the pre_dispatch backward reads.
+    const moe::TokenRows r = moe::combine_grad_rows(s.moe, s.tokens, chunk_of(s, a));
     if (!st.d_out_c.defined())
         st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
-    to_compute(d_out.rows(r.begin, r.end), st.d_out_c.rows(r.begin, r.end));
+    if (r.begin < r.end)
+        to_compute(d_out.rows(r.begin, r.end), st.d_out_c.rows(r.begin, r.end));
     moe::block_combine_backward(block_of(s, p, a), *a.comms, st.d_out_c, st.moe, st.arena,
                                 chunk_of(s, a));
 }

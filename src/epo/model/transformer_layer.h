@@ -19,12 +19,13 @@
 // layer does not.
 //
 // A node reads the layer's parameters and writes only its own LayerState (one per micro-batch
-// and layer), so two micro-batches can run through the same layer on two streams. With token
-// chunks (s.moe.num_token_chunks = C > 1) a MoE layer's dispatch, mlp and combine run per chunk
-// (NodeArgs::token_chunk), and two chunks of one micro-batch may run at once (moe_block.h): the
-// combine of chunk c writes rows [c T / C, (c + 1) T / C) of the layer output. Dense layers
-// have no dispatch/combine nodes. Residual stream and its gradient are f32; what feeds a GEMM
-// is the compute dtype.
+// and layer), so two micro-batches can run through the same layer on two streams. With chunks
+// (s.moe.num_chunks = C > 1) a MoE layer's dispatch, mlp and combine run per chunk
+// (NodeArgs::moe_chunk), and two chunks of one micro-batch may run at once (moe_block.h): the
+// combine of chunk c writes the rows moe::combine_output_rows gives (by tokens its rows
+// [c T / C, (c + 1) T / C), by experts all of them in the last chunk) of the layer output. Dense
+// layers have no dispatch/combine nodes. Residual stream and its gradient are f32; what feeds a
+// GEMM is the compute dtype.
 //
 // Letters: T tokens of the micro-batch, H hidden.
 #pragma once
@@ -100,9 +101,9 @@ struct NodeArgs {
     const moe::TokenDispatcher* dispatcher = nullptr;  // MoE layers: the model's dispatcher
     Arena* scratch = nullptr;      // the running stream's scratch (reset per node)
     float loss_grad_scale = 1.0f;  // 1 / number of micro-batches
-    // The call's token chunk (schedule::NodeCall::token_chunk): 0..C-1 for a chunked MoE node,
+    // The call's token chunk (schedule::NodeCall::moe_chunk): 0..C-1 for a chunked MoE node,
     // -1 for a whole one.
-    int token_chunk = -1;
+    int moe_chunk = -1;
 };
 
 void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,

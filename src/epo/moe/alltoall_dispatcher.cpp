@@ -16,6 +16,47 @@ size_t row_bytes(const Tensor& rows) {
     return static_cast<size_t>(rows.row_size()) * dtype_size(rows.dtype());
 }
 
+// The part of the dispatch layout that moves the rows of local experts [r.begin, r.end) of every
+// rank: from peer p's block of the send buffer (global expert order) its experts
+// p L + [begin, end); into source s's block of the receive buffer (local expert order) the same.
+comm::AllToAllLayout group_layout(const AlltoallDispatch& d, int64_t L, ExpertRange r) {
+    comm::AllToAllLayout g;
+    const int ep = d.ep_size;
+    for (int p = 0; p < ep; ++p) {
+        const int64_t first = p * L + r.begin, last = p * L + r.end;
+        g.send_offsets.push_back(d.send_segments.offsets[static_cast<size_t>(first)]);
+        g.send_counts.push_back(d.send_segments.offsets[static_cast<size_t>(last)] -
+                                g.send_offsets.back());
+        g.recv_offsets.push_back(
+            d.layout.recv_offsets[static_cast<size_t>(p)] +
+            sum(d.recv_counts, static_cast<size_t>(p * L), static_cast<size_t>(r.begin)));
+        g.recv_counts.push_back(sum(d.recv_counts, static_cast<size_t>(p * L + r.begin),
+                                    static_cast<size_t>(r.end - r.begin)));
+    }
+    return g;
+}
+
+const comm::AllToAllLayout& layout_of(const AlltoallDispatch& d, ExpertGroup g) {
+    EPO_CHECK(static_cast<size_t>(g.count) == d.group_layouts.size(),
+              "expert group {} of {} of a dispatch whose counts were exchanged for {} group(s)",
+              g.index, g.count, d.group_layouts.size());
+    return d.group_layouts[static_cast<size_t>(g.index)];
+}
+
+// The local experts of group g, and its moves received (source-major) -> expert segments.
+ExpertRange experts_of(const AlltoallDispatch& d, ExpertGroup g) {
+    return expert_group_range(d.expert_segments.num_experts(), g);
+}
+ChunkMoves moves_of(const AlltoallDispatch& d, ExpertGroup g) {
+    if (g.count == 1) {
+        return d.to_experts;
+    }
+    const ExpertRange r = experts_of(d, g);
+    const auto ep = static_cast<size_t>(d.ep_size);
+    return sub_moves(d.to_experts, static_cast<size_t>(r.begin) * ep,
+                     static_cast<size_t>(r.end) * ep);
+}
+
 }  // namespace
 
 void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
@@ -34,7 +75,7 @@ void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
 }
 
 void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, AlltoallDispatch& d,
-                     Arena& arena) {
+                     Arena& arena, int num_groups) {
     const int ep = d.ep_size;
     EPO_CHECK(ep_comm.size() == ep && ep_comm.rank() == d.ep_rank,
               "the counts of a dispatch planned for EP rank {} of {} exchanged as rank {} of {}",
@@ -69,6 +110,13 @@ void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, Alltoall
     d.layout = comm::AllToAllLayout::packed(send_per_peer, recv_per_peer);
     d.expert_segments = make_expert_segments(expert_counts, kExpertRowAlign);
     d.to_experts = rank_major_to_expert_major(d.recv_counts, ep, d.expert_segments);
+    d.group_layouts.clear();
+    if (num_groups == 1) {
+        d.group_layouts.push_back(d.layout);
+    }
+    for (int g = 0; num_groups > 1 && g < num_groups; ++g) {
+        d.group_layouts.push_back(group_layout(d, L, expert_group_range(L, {g, num_groups})));
+    }
 
     const DType cd = compute_dtype(cfg);
     const int64_t Rr = d.layout.recv_extent(), Rp = d.expert_segments.total_rows();
@@ -84,24 +132,27 @@ void dispatch_permute(const RouterOutput& routing, const Tensor& x, AlltoallDisp
     permute_forward(d.plan, d.send_segments, x, routing.topk_weight, d.send_rows, d.send_probs);
 }
 
-void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d) {
-    ep_comm.all_to_all_v(d.send_rows.raw(), d.recv_rows.raw(), d.layout, row_bytes(d.send_rows));
-    ep_comm.all_to_all_v(d.send_probs.raw(), d.recv_probs.raw(), d.layout, sizeof(float));
+void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g) {
+    const comm::AllToAllLayout& layout = layout_of(d, g);
+    ep_comm.all_to_all_v(d.send_rows.raw(), d.recv_rows.raw(), layout, row_bytes(d.send_rows));
+    ep_comm.all_to_all_v(d.send_probs.raw(), d.recv_probs.raw(), layout, sizeof(float));
 }
 
-void dispatch_postprocess(AlltoallDispatch& d) {
-    move_chunks(d.recv_rows, d.to_experts, d.expert_rows);
-    move_chunks(d.recv_probs, d.to_experts, d.expert_probs);
-    zero_segment_padding(d.expert_segments, d.expert_rows);
-    zero_segment_padding(d.expert_segments, d.expert_probs);
+void dispatch_postprocess(AlltoallDispatch& d, ExpertGroup g) {
+    const ChunkMoves moves = moves_of(d, g);
+    const ExpertRange r = experts_of(d, g);
+    move_chunks(d.recv_rows, moves, d.expert_rows);
+    move_chunks(d.recv_probs, moves, d.expert_probs);
+    zero_segment_padding(d.expert_segments, d.expert_rows, r.begin, r.end);
+    zero_segment_padding(d.expert_segments, d.expert_probs, r.begin, r.end);
 }
 
-void combine_preprocess(AlltoallDispatch& d) {
-    move_chunks(d.expert_out, invert(d.to_experts), d.combine_send);
+void combine_preprocess(AlltoallDispatch& d, ExpertGroup g) {
+    move_chunks(d.expert_out, invert(moves_of(d, g)), d.combine_send);
 }
 
-void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d) {
-    ep_comm.all_to_all_v(d.combine_send.raw(), d.combine_recv.raw(), d.layout.swapped(),
+void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g) {
+    ep_comm.all_to_all_v(d.combine_send.raw(), d.combine_recv.raw(), layout_of(d, g).swapped(),
                          row_bytes(d.combine_send));
 }
 
@@ -126,24 +177,25 @@ void combine_postprocess_backward(const Tensor& dy, AlltoallDispatch& d, Arena& 
     combine_backward(d.plan, d.send_segments, dy, d.d_combine_recv);
 }
 
-void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d) {
-    ep_comm.all_to_all_v(d.d_combine_recv.raw(), d.d_combine_send.raw(), d.layout,
+void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g) {
+    ep_comm.all_to_all_v(d.d_combine_recv.raw(), d.d_combine_send.raw(), layout_of(d, g),
                          row_bytes(d.d_combine_recv));
 }
 
-void combine_preprocess_backward(AlltoallDispatch& d) {
-    move_chunks(d.d_combine_send, d.to_experts, d.d_expert_out);
-    zero_segment_padding(d.expert_segments, d.d_expert_out);
+void combine_preprocess_backward(AlltoallDispatch& d, ExpertGroup g) {
+    const ExpertRange r = experts_of(d, g);
+    move_chunks(d.d_combine_send, moves_of(d, g), d.d_expert_out);
+    zero_segment_padding(d.expert_segments, d.d_expert_out, r.begin, r.end);
 }
 
-void dispatch_postprocess_backward(AlltoallDispatch& d) {
-    const ChunkMoves back = invert(d.to_experts);
+void dispatch_postprocess_backward(AlltoallDispatch& d, ExpertGroup g) {
+    const ChunkMoves back = invert(moves_of(d, g));
     move_chunks(d.d_expert_rows, back, d.d_recv_rows);
     move_chunks(d.d_expert_probs, back, d.d_recv_probs);
 }
 
-void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d) {
-    const comm::AllToAllLayout back = d.layout.swapped();
+void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g) {
+    const comm::AllToAllLayout back = layout_of(d, g).swapped();
     ep_comm.all_to_all_v(d.d_recv_rows.raw(), d.d_send_rows.raw(), back, row_bytes(d.d_recv_rows));
     ep_comm.all_to_all_v(d.d_recv_probs.raw(), d.d_send_probs.raw(), back, sizeof(float));
 }
@@ -184,22 +236,25 @@ void AlltoallDispatcher::dispatch_preprocess(const RouterOutput& routing, const 
     alltoall::dispatch_permute(routing, x, own(d));
 }
 
-void AlltoallDispatcher::token_dispatch(const DispatchComms& comms, DispatchState& d,
-                                        Arena& arena) const {
-    alltoall::exchange_counts(cfg_, comms.ep, own(d), arena);
-    alltoall::token_dispatch(comms.ep, own(d));
+void AlltoallDispatcher::token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena,
+                                        ExpertGroup g) const {
+    if (g.index == 0) {
+        alltoall::exchange_counts(cfg_, comms.ep, own(d), arena, g.count);
+    }
+    alltoall::token_dispatch(comms.ep, own(d), g);
 }
 
-void AlltoallDispatcher::dispatch_postprocess(DispatchState& d) const {
-    alltoall::dispatch_postprocess(own(d));
+void AlltoallDispatcher::dispatch_postprocess(DispatchState& d, ExpertGroup g) const {
+    alltoall::dispatch_postprocess(own(d), g);
 }
 
-void AlltoallDispatcher::combine_preprocess(DispatchState& d) const {
-    alltoall::combine_preprocess(own(d));
+void AlltoallDispatcher::combine_preprocess(DispatchState& d, ExpertGroup g) const {
+    alltoall::combine_preprocess(own(d), g);
 }
 
-void AlltoallDispatcher::token_combine(const DispatchComms& comms, DispatchState& d) const {
-    alltoall::token_combine(comms.ep, own(d));
+void AlltoallDispatcher::token_combine(const DispatchComms& comms, DispatchState& d,
+                                       ExpertGroup g) const {
+    alltoall::token_combine(comms.ep, own(d), g);
 }
 
 void AlltoallDispatcher::combine_postprocess(const DispatchState& d, const Tensor& shared,
@@ -212,22 +267,22 @@ void AlltoallDispatcher::combine_postprocess_backward(const Tensor& dy, Dispatch
     alltoall::combine_postprocess_backward(dy, own(d), arena);
 }
 
-void AlltoallDispatcher::token_combine_backward(const DispatchComms& comms,
-                                                DispatchState& d) const {
-    alltoall::token_combine_backward(comms.ep, own(d));
+void AlltoallDispatcher::token_combine_backward(const DispatchComms& comms, DispatchState& d,
+                                                ExpertGroup g) const {
+    alltoall::token_combine_backward(comms.ep, own(d), g);
 }
 
-void AlltoallDispatcher::combine_preprocess_backward(DispatchState& d) const {
-    alltoall::combine_preprocess_backward(own(d));
+void AlltoallDispatcher::combine_preprocess_backward(DispatchState& d, ExpertGroup g) const {
+    alltoall::combine_preprocess_backward(own(d), g);
 }
 
-void AlltoallDispatcher::dispatch_postprocess_backward(DispatchState& d) const {
-    alltoall::dispatch_postprocess_backward(own(d));
+void AlltoallDispatcher::dispatch_postprocess_backward(DispatchState& d, ExpertGroup g) const {
+    alltoall::dispatch_postprocess_backward(own(d), g);
 }
 
-void AlltoallDispatcher::token_dispatch_backward(const DispatchComms& comms,
-                                                 DispatchState& d) const {
-    alltoall::token_dispatch_backward(comms.ep, own(d));
+void AlltoallDispatcher::token_dispatch_backward(const DispatchComms& comms, DispatchState& d,
+                                                 ExpertGroup g) const {
+    alltoall::token_dispatch_backward(comms.ep, own(d), g);
 }
 
 void AlltoallDispatcher::gather_dweight(const DispatchState& d, const Tensor& dweight) const {

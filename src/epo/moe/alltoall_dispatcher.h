@@ -49,6 +49,9 @@ struct AlltoallDispatch : DispatchState {
     std::vector<int64_t> recv_counts;  // [EP * L] rows from source s for local expert l
     comm::AllToAllLayout layout;       // dispatch direction, in rows
     ChunkMoves to_experts;             // received (source-major) -> expert segments
+    // Per expert group (token_dispatcher.h), the part of `layout` that moves the rows of that
+    // group's experts (one entry, `layout` itself, without groups).
+    std::vector<comm::AllToAllLayout> group_layouts;
 
     // forward buffers
     Tensor send_rows;     // (R, H) compute dtype
@@ -75,16 +78,18 @@ namespace alltoall {
 void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
                          const RouterOutput& routing, AlltoallDispatch& d, Arena& arena);
 // `ep_comm` is the comm stream's EP communicator. Learns what every rank sends this rank's
-// experts, sets the layout and the expert segments, allocates the receive-side buffers.
+// experts, sets the layout (and each of `num_groups` expert groups' part of it) and the expert
+// segments, allocates the receive-side buffers.
 void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, AlltoallDispatch& d,
-                     Arena& arena);
+                     Arena& arena, int num_groups = 1);
 // x (T, H) compute dtype -> send buffers.
 void dispatch_permute(const RouterOutput& routing, const Tensor& x, AlltoallDispatch& d);
-// `ep_comm` is the comm stream's EP communicator.
-void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d);
-void dispatch_postprocess(AlltoallDispatch& d);
-void combine_preprocess(AlltoallDispatch& d);
-void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d);
+// `ep_comm` is the comm stream's EP communicator. `g`: the rows of that expert group only (its
+// count must be exchange_counts' num_groups).
+void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
+void dispatch_postprocess(AlltoallDispatch& d, ExpertGroup g = {});
+void combine_preprocess(AlltoallDispatch& d, ExpertGroup g = {});
+void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
 // y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 when defined).
 void combine_postprocess(const AlltoallDispatch& d, const Tensor& shared, const Tensor& y);
 
@@ -92,10 +97,12 @@ void combine_postprocess(const AlltoallDispatch& d, const Tensor& shared, const 
 
 // dy (T, H) compute dtype -> d_combine_recv. Allocates every backward buffer from `arena`.
 void combine_postprocess_backward(const Tensor& dy, AlltoallDispatch& d, Arena& arena);
-void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d);
-void combine_preprocess_backward(AlltoallDispatch& d);    // -> d_expert_out (padding rows zero)
-void dispatch_postprocess_backward(AlltoallDispatch& d);  // d_expert_* -> d_recv_*
-void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d);
+void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
+// -> d_expert_out (padding rows zero)
+void combine_preprocess_backward(AlltoallDispatch& d, ExpertGroup g = {});
+void dispatch_postprocess_backward(AlltoallDispatch& d,
+                                   ExpertGroup g = {});  // d_expert_* -> d_recv_*
+void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
 // dx_acc (T, H) f32 = sum over k of the token's row gradients; dweight (T, K) f32.
 void dispatch_permute_backward(const AlltoallDispatch& d, const Tensor& dx_acc,
                                const Tensor& dweight);
@@ -111,18 +118,21 @@ public:
     std::unique_ptr<DispatchState> new_state() const override;
     void dispatch_preprocess(const RouterOutput& routing, const Tensor& x, DispatchState& d,
                              Arena& arena) const override;
-    void token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena) const override;
-    void dispatch_postprocess(DispatchState& d) const override;
-    void combine_preprocess(DispatchState& d) const override;
-    void token_combine(const DispatchComms& comms, DispatchState& d) const override;
+    void token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena,
+                        ExpertGroup g) const override;
+    void dispatch_postprocess(DispatchState& d, ExpertGroup g) const override;
+    void combine_preprocess(DispatchState& d, ExpertGroup g) const override;
+    void token_combine(const DispatchComms& comms, DispatchState& d, ExpertGroup g) const override;
     void combine_postprocess(const DispatchState& d, const Tensor& shared,
                              const Tensor& y) const override;
     void combine_postprocess_backward(const Tensor& dy, DispatchState& d,
                                       Arena& arena) const override;
-    void token_combine_backward(const DispatchComms& comms, DispatchState& d) const override;
-    void combine_preprocess_backward(DispatchState& d) const override;
-    void dispatch_postprocess_backward(DispatchState& d) const override;
-    void token_dispatch_backward(const DispatchComms& comms, DispatchState& d) const override;
+    void token_combine_backward(const DispatchComms& comms, DispatchState& d,
+                                ExpertGroup g) const override;
+    void combine_preprocess_backward(DispatchState& d, ExpertGroup g) const override;
+    void dispatch_postprocess_backward(DispatchState& d, ExpertGroup g) const override;
+    void token_dispatch_backward(const DispatchComms& comms, DispatchState& d,
+                                 ExpertGroup g) const override;
     void gather_dweight(const DispatchState& d, const Tensor& dweight) const override;
     void token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const override;
 

@@ -54,6 +54,19 @@ ExpertSegments make_expert_segments(std::span<const std::int64_t> counts, std::i
     return seg;
 }
 
+ExpertSegments segment_range(const ExpertSegments& seg, std::int64_t begin, std::int64_t end) {
+    EPO_CHECK(begin >= 0 && begin <= end && end <= seg.num_experts(),
+              "experts [{}, {}) of segments of {}", begin, end, seg.num_experts());
+    ExpertSegments out;
+    out.counts.assign(seg.counts.begin() + begin, seg.counts.begin() + end);
+    out.offsets.resize(static_cast<std::size_t>(end - begin + 1));
+    for (std::int64_t e = begin; e <= end; ++e) {
+        out.offsets[static_cast<std::size_t>(e - begin)] =
+            seg.offsets[static_cast<std::size_t>(e)] - seg.offsets[static_cast<std::size_t>(begin)];
+    }
+    return out;
+}
+
 std::int64_t max_segment_rows(std::int64_t rows, std::int64_t num_experts, std::int64_t align) {
     return rows + num_experts * (align - 1);
 }
@@ -282,10 +295,17 @@ void combine_backward(const DispatchPlan& plan, const ExpertSegments& seg, const
 }
 
 void zero_segment_padding(const ExpertSegments& seg, const Tensor& rows) {
+    zero_segment_padding(seg, rows, 0, seg.num_experts());
+}
+
+void zero_segment_padding(const ExpertSegments& seg, const Tensor& rows, std::int64_t begin,
+                          std::int64_t end) {
     EPO_CHECK(rows.dim(0) >= seg.total_rows(), "{} rows for segments of {}", rows.dim(0),
               seg.total_rows());
+    EPO_CHECK(begin >= 0 && begin <= end && end <= seg.num_experts(),
+              "experts [{}, {}) of segments of {}", begin, end, seg.num_experts());
     const std::size_t bytes = row_bytes(rows);
-    for (std::int64_t e = 0; e < seg.num_experts(); ++e) {
+    for (std::int64_t e = begin; e < end; ++e) {
         const std::int64_t pad = seg.padded_count(e) - seg.counts[e];
         if (pad > 0) {
             std::memset(row_ptr(rows, seg.offsets[e] + seg.counts[e]), 0, bytes * pad);
@@ -322,6 +342,16 @@ ChunkMoves rank_major_to_expert_major(std::span<const std::int64_t> counts, std:
 
 ChunkMoves invert(const ChunkMoves& moves) {
     return ChunkMoves{moves.dst_offsets, moves.src_offsets, moves.sizes};
+}
+
+ChunkMoves sub_moves(const ChunkMoves& moves, std::size_t begin, std::size_t end) {
+    EPO_CHECK(begin <= end && end <= moves.sizes.size(), "moves [{}, {}) of {}", begin, end,
+              moves.sizes.size());
+    const auto part = [&](const std::vector<std::int64_t>& v) {
+        return std::vector<std::int64_t>(v.begin() + static_cast<std::ptrdiff_t>(begin),
+                                         v.begin() + static_cast<std::ptrdiff_t>(end));
+    };
+    return ChunkMoves{part(moves.src_offsets), part(moves.dst_offsets), part(moves.sizes)};
 }
 
 void move_chunks(const Tensor& src, const ChunkMoves& moves, const Tensor& dst) {

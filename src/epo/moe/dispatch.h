@@ -40,6 +40,9 @@ struct ExpertSegments {
 
 // Segments for these counts, each starting at a multiple of `align` rows (align 1: packed).
 ExpertSegments make_expert_segments(std::span<const std::int64_t> counts, std::int64_t align);
+// Experts [begin, end) of `segments` as segments of their own (offsets from the first one's
+// row): the rows [segments.offsets[begin], segments.offsets[end]) of a row buffer.
+ExpertSegments segment_range(const ExpertSegments& segments, std::int64_t begin, std::int64_t end);
 // Upper bound of total_rows() for any counts summing to at most `rows` over `num_experts`.
 std::int64_t max_segment_rows(std::int64_t rows, std::int64_t num_experts, std::int64_t align);
 
@@ -91,8 +94,11 @@ void combine_forward(const DispatchPlan& plan, const ExpertSegments& segments, c
 void combine_backward(const DispatchPlan& plan, const ExpertSegments& segments, const Tensor& dy,
                       const Tensor& dy_perm);
 
-// Zeroes the alignment rows of every segment (rows counts[e] .. padded_count(e)).
+// Zeroes the alignment rows of every segment (rows counts[e] .. padded_count(e)), or of the
+// segments of experts [begin, end).
 void zero_segment_padding(const ExpertSegments& segments, const Tensor& rows);
+void zero_segment_padding(const ExpertSegments& segments, const Tensor& rows, std::int64_t begin,
+                          std::int64_t end);
 
 // --- chunk moves for the distributed dispatcher -----------------------------------------------
 
@@ -111,6 +117,9 @@ ChunkMoves rank_major_to_expert_major(std::span<const std::int64_t> counts, std:
                                       const ExpertSegments& segments);
 // The same moves backwards (segments -> send order of the combine all-to-all).
 ChunkMoves invert(const ChunkMoves& moves);
+// Moves [begin, end) of `moves` (rank_major_to_expert_major's are expert-major: local expert l's
+// are [l * num_ranks, (l + 1) * num_ranks)).
+ChunkMoves sub_moves(const ChunkMoves& moves, std::size_t begin, std::size_t end);
 // Applies the moves; src and dst are row buffers of one dtype and row width.
 void move_chunks(const Tensor& src, const ChunkMoves& moves, const Tensor& dst);
 

@@ -214,11 +214,14 @@ SharedExpertWeights make_shared_expert_weights(std::int64_t hidden, std::int64_t
 }
 
 void experts_forward(const ExpertWeights& w, const ExpertSegments& segments, const Tensor& x,
-                     const Tensor& probs, const Tensor& y, ExpertsContext& ctx, Arena& arena) {
-    const std::int64_t e_count = w.fc1.shape()[0], f2 = w.fc1.shape()[1], h = w.fc1.shape()[2];
-    const std::int64_t rp = segments.total_rows();
+                     const Tensor& probs, const Tensor& y, ExpertsContext& ctx, Arena& arena,
+                     std::int64_t first_expert) {
+    const std::int64_t f2 = w.fc1.shape()[1], h = w.fc1.shape()[2];
+    const std::int64_t e_count = segments.num_experts(), rp = segments.total_rows();
     const DType dt = w.fc1.compute_dtype();
-    EPO_CHECK_EQ(segments.num_experts(), e_count);
+    EPO_CHECK(first_expert >= 0 && first_expert + e_count <= w.fc1.shape()[0],
+              "segments of experts [{}, {}) of {} expert weights", first_expert,
+              first_expert + e_count, w.fc1.shape()[0]);
     check_tensor(x, {rp, h}, dt, "experts input x");
     check_tensor(probs, {rp}, DType::kF32, "experts probs");
     EPO_CHECK(y.shape() == Shape({rp, h}), "experts output y is {}, want [{}, {}]", y.shape().str(),
@@ -226,36 +229,39 @@ void experts_forward(const ExpertWeights& w, const ExpertSegments& segments, con
     ensure_packed(w);
     ctx = ExpertsContext{};
     ctx.segments = segments;
+    ctx.first_expert = first_expert;
     ctx.x = x;
     ctx.probs = probs;
     ctx.h = arena.alloc({rp, f2}, dt);
     ctx.a = arena.alloc({rp, f2 / 2}, dt);
     for (std::int64_t e = 0; e < e_count; ++e) {
-        ffn_forward(expert_ffn(w, e), expert_rows(segments, e), ctx, probs.data<float>(), y);
+        ffn_forward(expert_ffn(w, first_expert + e), expert_rows(segments, e), ctx,
+                    probs.data<float>(), y);
     }
 }
 
 void experts_backward_dgrad(const ExpertWeights& w, const Tensor& dy, const Tensor& dx,
                             const Tensor& dprobs, ExpertsContext& ctx, Arena& arena) {
-    const std::int64_t e_count = w.fc1.shape()[0];
+    const std::int64_t e_count = ctx.segments.num_experts();
     check_tensor(dx, ctx.x.shape(), ctx.x.dtype(), "experts dx");
     check_tensor(dprobs, {ctx.x.dim(0)}, DType::kF32, "experts dprobs");
     ensure_packed(w);
     start_backward(ctx, dy, arena);
     const Tensor da = da_tile(ctx, arena);
     for (std::int64_t e = 0; e < e_count; ++e) {
-        ffn_dgrad(expert_ffn(w, e), expert_rows(ctx.segments, e), ctx, ctx.probs.data<float>(), da,
-                  dx, dprobs.data<float>(), false);
+        ffn_dgrad(expert_ffn(w, ctx.first_expert + e), expert_rows(ctx.segments, e), ctx,
+                  ctx.probs.data<float>(), da, dx, dprobs.data<float>(), false);
     }
     ctx.dgrad_done = true;
 }
 
 void experts_backward_wgrad(ExpertWeights& w, bool fusion, ExpertsContext& ctx, Arena& arena) {
     EPO_CHECK(ctx.dgrad_done, "experts wgrad before their dgrad");
-    const std::int64_t e_count = w.fc1.shape()[0];
+    const std::int64_t e_count = ctx.segments.num_experts();
     Tensor workspace = wgrad_workspace(per_expert_elements(w), fusion, arena);
     for (std::int64_t e = 0; e < e_count; ++e) {
-        ffn_wgrad(expert_ffn(w, e), expert_rows(ctx.segments, e), ctx, fusion, workspace);
+        ffn_wgrad(expert_ffn(w, ctx.first_expert + e), expert_rows(ctx.segments, e), ctx, fusion,
+                  workspace);
     }
 }
 

@@ -60,6 +60,7 @@ SharedExpertWeights make_shared_expert_weights(std::int64_t hidden, std::int64_t
 // What the forward saved and what dgrad saved for wgrad, per micro-batch.
 struct ExpertsContext {
     ExpertSegments segments;
+    std::int64_t first_expert = 0;  // segment e is expert first_expert + e of the weights
     Tensor x;      // [Rp, H] input rows (a view: the caller keeps it alive until wgrad)
     Tensor probs;  // [Rp] f32 (undefined for the shared expert)
     Tensor h;      // [Rp, 2F] fc1 output
@@ -69,9 +70,11 @@ struct ExpertsContext {
     bool dgrad_done = false;
 };
 
-// y [Rp, H] (compute dtype or f32) = experts(x, probs) on the segments.
+// y [Rp, H] (compute dtype or f32) = experts(x, probs) on the segments: segment e is expert
+// first_expert + e (the block's expert chunks run a group of the experts at a time).
 void experts_forward(const ExpertWeights& w, const ExpertSegments& segments, const Tensor& x,
-                     const Tensor& probs, const Tensor& y, ExpertsContext& ctx, Arena& arena);
+                     const Tensor& probs, const Tensor& y, ExpertsContext& ctx, Arena& arena,
+                     std::int64_t first_expert = 0);
 // dx [Rp, H] (compute dtype or f32), dprobs [Rp] f32.
 void experts_backward_dgrad(const ExpertWeights& w, const Tensor& dy, const Tensor& dx,
                             const Tensor& dprobs, ExpertsContext& ctx, Arena& arena);

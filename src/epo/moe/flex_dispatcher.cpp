@@ -405,6 +405,13 @@ void token_row_sum(const FlexDispatch& d, std::int64_t t, float* acc) {
 
 namespace {
 
+// flex moves a micro-batch's tokens node by node in one piece: it has no expert groups (rule
+// MO007 refuses chunks with flex before a run).
+void whole_only(ExpertGroup g) {
+    EPO_CHECK(g.count == 1, "the flex dispatcher cannot split by expert group ({} of {})", g.index,
+              g.count);
+}
+
 FlexDispatch& own(DispatchState& d) {
     return static_cast<FlexDispatch&>(d);
 }
@@ -444,22 +451,27 @@ void FlexDispatcher::dispatch_preprocess(const RouterOutput& routing, const Tens
     flex::dispatch_permute(x, own(d));
 }
 
-void FlexDispatcher::token_dispatch(const DispatchComms& comms, DispatchState& d,
-                                    Arena& arena) const {
+void FlexDispatcher::token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena,
+                                    ExpertGroup g) const {
+    whole_only(g);
     const flex::FlexComms c = flex::flex_comms(comms, own(d));
     flex::dispatch_layout(c, own(d), arena);
     flex::dispatch_payload(c, own(d));
 }
 
-void FlexDispatcher::dispatch_postprocess(DispatchState& d) const {
+void FlexDispatcher::dispatch_postprocess(DispatchState& d, ExpertGroup g) const {
+    whole_only(g);
     flex::dispatch_postprocess(own(d));
 }
 
-void FlexDispatcher::combine_preprocess(DispatchState& d) const {
+void FlexDispatcher::combine_preprocess(DispatchState& d, ExpertGroup g) const {
+    whole_only(g);
     flex::combine_preprocess(own(d));
 }
 
-void FlexDispatcher::token_combine(const DispatchComms& comms, DispatchState& d) const {
+void FlexDispatcher::token_combine(const DispatchComms& comms, DispatchState& d,
+                                   ExpertGroup g) const {
+    whole_only(g);
     flex::token_combine(flex::flex_comms(comms, own(d)), own(d));
 }
 
@@ -473,19 +485,25 @@ void FlexDispatcher::combine_postprocess_backward(const Tensor& dy, DispatchStat
     flex::combine_postprocess_backward(dy, own(d), arena);
 }
 
-void FlexDispatcher::token_combine_backward(const DispatchComms& comms, DispatchState& d) const {
+void FlexDispatcher::token_combine_backward(const DispatchComms& comms, DispatchState& d,
+                                            ExpertGroup g) const {
+    whole_only(g);
     flex::token_combine_backward(flex::flex_comms(comms, own(d)), own(d));
 }
 
-void FlexDispatcher::combine_preprocess_backward(DispatchState& d) const {
+void FlexDispatcher::combine_preprocess_backward(DispatchState& d, ExpertGroup g) const {
+    whole_only(g);
     flex::combine_preprocess_backward(own(d));
 }
 
-void FlexDispatcher::dispatch_postprocess_backward(DispatchState& d) const {
+void FlexDispatcher::dispatch_postprocess_backward(DispatchState& d, ExpertGroup g) const {
+    whole_only(g);
     flex::dispatch_postprocess_backward(own(d));
 }
 
-void FlexDispatcher::token_dispatch_backward(const DispatchComms& comms, DispatchState& d) const {
+void FlexDispatcher::token_dispatch_backward(const DispatchComms& comms, DispatchState& d,
+                                             ExpertGroup g) const {
+    whole_only(g);
     flex::token_dispatch_backward(flex::flex_comms(comms, own(d)), own(d));
 }
 

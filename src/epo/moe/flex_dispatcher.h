@@ -137,18 +137,21 @@ public:
     std::unique_ptr<DispatchState> new_state() const override;
     void dispatch_preprocess(const RouterOutput& routing, const Tensor& x, DispatchState& d,
                              Arena& arena) const override;
-    void token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena) const override;
-    void dispatch_postprocess(DispatchState& d) const override;
-    void combine_preprocess(DispatchState& d) const override;
-    void token_combine(const DispatchComms& comms, DispatchState& d) const override;
+    void token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena,
+                        ExpertGroup g) const override;
+    void dispatch_postprocess(DispatchState& d, ExpertGroup g) const override;
+    void combine_preprocess(DispatchState& d, ExpertGroup g) const override;
+    void token_combine(const DispatchComms& comms, DispatchState& d, ExpertGroup g) const override;
     void combine_postprocess(const DispatchState& d, const Tensor& shared,
                              const Tensor& y) const override;
     void combine_postprocess_backward(const Tensor& dy, DispatchState& d,
                                       Arena& arena) const override;
-    void token_combine_backward(const DispatchComms& comms, DispatchState& d) const override;
-    void combine_preprocess_backward(DispatchState& d) const override;
-    void dispatch_postprocess_backward(DispatchState& d) const override;
-    void token_dispatch_backward(const DispatchComms& comms, DispatchState& d) const override;
+    void token_combine_backward(const DispatchComms& comms, DispatchState& d,
+                                ExpertGroup g) const override;
+    void combine_preprocess_backward(DispatchState& d, ExpertGroup g) const override;
+    void dispatch_postprocess_backward(DispatchState& d, ExpertGroup g) const override;
+    void token_dispatch_backward(const DispatchComms& comms, DispatchState& d,
+                                 ExpertGroup g) const override;
     void gather_dweight(const DispatchState& d, const Tensor& dweight) const override;
     void token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const override;
 

@@ -6,7 +6,17 @@ namespace epo::moe {
 namespace {
 
 std::int64_t num_chunks(const MoeBlock& b) {
-    return b.cfg.num_token_chunks;
+    return b.cfg.num_chunks;
+}
+
+// Chunks are groups of experts over one dispatcher state (moe_block.h).
+bool by_experts(const MoeBlock& b) {
+    return b.cfg.num_chunks > 1 && b.cfg.chunk_by == ChunkBy::kExperts;
+}
+
+// The expert group chunk `chunk` dispatches: all experts unless chunked by experts.
+ExpertGroup group_of(const MoeBlock& b, int chunk) {
+    return by_experts(b) ? ExpertGroup{chunk, static_cast<int>(num_chunks(b))} : ExpertGroup{};
 }
 
 // The routing of rows [r.begin, r.end): views of what a dispatcher plans from (the top-k
@@ -32,9 +42,32 @@ MoeTokenChunk& chunk_of(const MoeBlock& b, MoeBlockState& st, int chunk) {
     return st.chunks[static_cast<size_t>(chunk)];
 }
 
-// The rows of the micro-batch chunk `chunk` covers (the router's T).
+// The rows of the micro-batch chunk `chunk` covers (the router's T; all of them by experts).
 TokenRows rows_of(const MoeBlock& b, const MoeBlockState& st, int chunk) {
-    return token_chunk_rows(st.router.topk_index.dim(0), num_chunks(b), chunk);
+    const std::int64_t T = st.router.topk_index.dim(0);
+    return by_experts(b) ? TokenRows{0, T} : token_chunk_rows(T, num_chunks(b), chunk);
+}
+
+// The dispatcher state chunk `chunk` runs on: its own, or by experts the micro-batch's one.
+DispatchState& dispatch_of(const MoeBlock& b, MoeBlockState& st, int chunk) {
+    return *chunk_of(b, st, by_experts(b) ? 0 : chunk).dispatch;
+}
+
+// By experts, chunk `chunk`'s view of the expert-facing buffers: its group's segments and rows.
+struct GroupRows {
+    ExpertSegments segments;
+    std::int64_t first_expert = 0, begin = 0, end = 0;  // rows [begin, end) of the buffers
+    Tensor of(const Tensor& t) const { return t.rows(begin, end); }
+};
+GroupRows group_rows(const MoeBlock& b, const DispatchState& d, int chunk) {
+    const ExpertSegments& seg = d.expert_segments;
+    if (!by_experts(b)) {
+        return GroupRows{seg, 0, 0, seg.total_rows()};
+    }
+    const ExpertRange r = expert_group_range(seg.num_experts(), group_of(b, chunk));
+    return GroupRows{segment_range(seg, r.begin, r.end), r.begin,
+                     seg.offsets[static_cast<size_t>(r.begin)],
+                     seg.offsets[static_cast<size_t>(r.end)]};
 }
 
 }  // namespace
@@ -43,6 +76,20 @@ TokenRows token_chunk_rows(std::int64_t num_tokens, std::int64_t num_chunks, int
     EPO_CHECK(num_chunks >= 1 && chunk >= 0 && chunk < num_chunks, "token chunk {} of {}", chunk,
               num_chunks);
     return {chunk * num_tokens / num_chunks, (chunk + 1) * num_tokens / num_chunks};
+}
+
+TokenRows combine_output_rows(const MoeConfig& cfg, std::int64_t num_tokens, int chunk) {
+    if (cfg.num_chunks > 1 && cfg.chunk_by == ChunkBy::kExperts) {
+        return chunk == cfg.num_chunks - 1 ? TokenRows{0, num_tokens} : TokenRows{};
+    }
+    return token_chunk_rows(num_tokens, cfg.num_chunks, chunk);
+}
+
+TokenRows combine_grad_rows(const MoeConfig& cfg, std::int64_t num_tokens, int chunk) {
+    if (cfg.num_chunks > 1 && cfg.chunk_by == ChunkBy::kExperts) {
+        return chunk == 0 ? TokenRows{0, num_tokens} : TokenRows{};
+    }
+    return token_chunk_rows(num_tokens, cfg.num_chunks, chunk);
 }
 
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
@@ -56,11 +103,12 @@ void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t
     }
     st.router = router_forward(b.cfg, b.params.router, x, num_sequences, arena);
     st.chunks.resize(static_cast<size_t>(C));
-    for (MoeTokenChunk& ch : st.chunks) {
-        if (!ch.dispatch)
-            ch.dispatch = b.dispatcher.new_state();
+    for (size_t c = 0; c < st.chunks.size(); ++c) {
+        if (!st.chunks[c].dispatch && (c == 0 || !by_experts(b)))
+            st.chunks[c].dispatch = b.dispatcher.new_state();
     }
-    if (C == 1) {
+    st.combines_done = st.combine_backwards_done = 0;
+    if (C == 1 || by_experts(b)) {
         b.dispatcher.dispatch_preprocess(st.router, x, *st.chunks[0].dispatch, arena);
         return;
     }
@@ -75,24 +123,37 @@ void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t
 
 void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                             Arena& arena, int chunk) {
-    b.dispatcher.token_dispatch(comms, *chunk_of(b, st, chunk).dispatch, arena);
+    b.dispatcher.token_dispatch(comms, dispatch_of(b, st, chunk), arena, group_of(b, chunk));
 }
 
 void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk) {
     MoeTokenChunk& ch = chunk_of(b, st, chunk);
-    DispatchState& d = *ch.dispatch;
-    b.dispatcher.dispatch_postprocess(d);
-    experts_forward(b.params.experts, d.expert_segments, d.expert_rows, d.expert_probs,
-                    d.expert_out, ch.experts, arena);
-    b.dispatcher.combine_preprocess(d);
+    DispatchState& d = dispatch_of(b, st, chunk);
+    const ExpertGroup g = group_of(b, chunk);
+    b.dispatcher.dispatch_postprocess(d, g);
+    const GroupRows gr = group_rows(b, d, chunk);
+    experts_forward(b.params.experts, gr.segments, gr.of(d.expert_rows), gr.of(d.expert_probs),
+                    gr.of(d.expert_out), ch.experts, arena, gr.first_expert);
+    b.dispatcher.combine_preprocess(d, g);
 }
 
 void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                            const Tensor& y, int chunk) {
-    DispatchState& d = *chunk_of(b, st, chunk).dispatch;
+    DispatchState& d = dispatch_of(b, st, chunk);
+    b.dispatcher.token_combine(comms, d, group_of(b, chunk));
+    if (by_experts(b)) {
+        // The sum reads every group's rows: it runs once they have all come back.
+        EPO_CHECK(st.combines_done == chunk, "the combine of expert chunk {} after {} of them",
+                  chunk, st.combines_done);
+        ++st.combines_done;
+        if (chunk + 1 < num_chunks(b)) {
+            EPO_CHECK(!y.defined(), "expert chunk {} of {} writes no output rows", chunk,
+                      num_chunks(b));
+            return;
+        }
+    }
     const TokenRows r = rows_of(b, st, chunk);
     check_tensor(y, {r.end - r.begin, b.cfg.hidden_size}, DType::kF32, "MoE block chunk output");
-    b.dispatcher.token_combine(comms, d);
     const Tensor shared = st.shared_out.defined() && num_chunks(b) > 1
                               ? st.shared_out.rows(r.begin, r.end)
                               : st.shared_out;
@@ -101,21 +162,30 @@ void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlo
 
 void block_combine_backward(const MoeBlock& b, const DispatchComms& comms, const Tensor& dy,
                             MoeBlockState& st, Arena& arena, int chunk) {
-    DispatchState& d = *chunk_of(b, st, chunk).dispatch;
+    DispatchState& d = dispatch_of(b, st, chunk);
     const TokenRows r = rows_of(b, st, chunk);
-    st.dy = dy;
-    b.dispatcher.combine_postprocess_backward(num_chunks(b) > 1 ? dy.rows(r.begin, r.end) : dy, d,
-                                              arena);
-    b.dispatcher.token_combine_backward(comms, d);
+    // By experts, the first chunk spreads all of dy to the rows (every group's); the others only
+    // send their group's back.
+    const bool first = !by_experts(b) || st.combine_backwards_done++ == 0;
+    EPO_CHECK(!by_experts(b) || st.combine_backwards_done == chunk + 1,
+              "the combine backward of expert chunk {} out of order", chunk);
+    if (first) {
+        st.dy = dy;
+        b.dispatcher.combine_postprocess_backward(
+            num_chunks(b) > 1 && !by_experts(b) ? dy.rows(r.begin, r.end) : dy, d, arena);
+    }
+    b.dispatcher.token_combine_backward(comms, d, group_of(b, chunk));
 }
 
 void block_mlp_backward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk) {
     MoeTokenChunk& ch = chunk_of(b, st, chunk);
-    DispatchState& d = *ch.dispatch;
-    b.dispatcher.combine_preprocess_backward(d);
-    experts_backward_dgrad(b.params.experts, d.d_expert_out, d.d_expert_rows, d.d_expert_probs,
-                           ch.experts, arena);
-    b.dispatcher.dispatch_postprocess_backward(d);
+    DispatchState& d = dispatch_of(b, st, chunk);
+    const ExpertGroup g = group_of(b, chunk);
+    b.dispatcher.combine_preprocess_backward(d, g);
+    const GroupRows gr = group_rows(b, d, chunk);
+    experts_backward_dgrad(b.params.experts, gr.of(d.d_expert_out), gr.of(d.d_expert_rows),
+                           gr.of(d.d_expert_probs), ch.experts, arena);
+    b.dispatcher.dispatch_postprocess_backward(d, g);
 }
 
 // Why the order matters: each chunk's weight gradient is added to the expert gradients as it
@@ -127,7 +197,7 @@ void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch,
 
 void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                              int chunk) {
-    b.dispatcher.token_dispatch_backward(comms, *chunk_of(b, st, chunk).dispatch);
+    b.dispatcher.token_dispatch_backward(comms, dispatch_of(b, st, chunk), group_of(b, chunk));
 }
 
 // dx = unpermute + the router's term + the shared expert's, summed in f32 in that order (the
@@ -136,7 +206,8 @@ void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeB
 // gradients come from its chunk's dispatcher state (the same sum, the same order).
 void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBlockState& st,
                                  const Tensor& dx, Arena& arena, Arena& scratch) {
-    const std::int64_t T = dx.dim(0), H = b.cfg.hidden_size, C = num_chunks(b);
+    const std::int64_t T = dx.dim(0), H = b.cfg.hidden_size;
+    const std::int64_t C = by_experts(b) ? 1 : num_chunks(b);  // dispatcher states
     check_tensor(dx, {T, H}, DType::kF32, "MoE block dx");
     Tensor dweight = scratch.alloc({T, b.cfg.topk}, DType::kF32);
     for (int c = 0; c < C; ++c) {

@@ -51,15 +51,16 @@ void validate_moe_config(const MoeConfig& c) {
     if (c.ffn_hidden_size < 1) {
         bad(fmt::format("moe_ffn_hidden_size={} must be >= 1", c.ffn_hidden_size));
     }
-    if (c.num_token_chunks < 1) {
+    if (c.num_chunks < 1) {
         bad(fmt::format("moe_ep_overlap_num_chunks={} must be >= 1 (1: whole micro-batches)",
-                        c.num_token_chunks));
+                        c.num_chunks));
     }
-    if (c.num_token_chunks > 1 && c.capacity_factor) {
+    if (c.num_chunks > 1 && c.chunk_by == ChunkBy::kTokens && c.capacity_factor) {
         bad(
-            fmt::format("moe_ep_overlap_num_chunks={} needs dropless routing, but "
-                        "moe_expert_capacity_factor={}: set it to null or use 1 chunk",
-                        c.num_token_chunks, *c.capacity_factor));
+            fmt::format("moe_ep_overlap_num_chunks={} with moe_ep_overlap_chunk_by=tokens needs "
+                        "dropless routing, but moe_expert_capacity_factor={}: set it to null, "
+                        "chunk by experts, or use 1 chunk",
+                        c.num_chunks, *c.capacity_factor));
     }
     if (c.num_groups != 0 || c.group_topk != 0) {
         if (c.num_groups < 1 || c.num_experts % c.num_groups != 0) {
@@ -178,7 +179,9 @@ MoeConfig moe_config_from(const config::ModelConfig& m) {
     c.shared_expert_size = m.moe_shared_expert_intermediate_size.value_or(0);
     c.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
     c.precision = m.bf16 ? Precision::kBf16 : Precision::kFp32;
-    c.num_token_chunks = m.moe_ep_overlap_num_chunks;
+    c.num_chunks = m.moe_ep_overlap_num_chunks;
+    c.chunk_by = m.moe_ep_overlap_chunk_by == config::ChunkSplit::kTokens ? ChunkBy::kTokens
+                                                                          : ChunkBy::kExperts;
     // flex without a backend was turned into alltoall at finalization (W009); allgather is
     // refused before a run (RT016).
     if (m.moe_token_dispatcher_type == config::DispatcherType::kFlex &&

@@ -30,6 +30,8 @@ const char* load_balancing_name(LoadBalancing l);  // "none", "aux_loss", "seq_a
 const char* drop_policy_name(DropPolicy p);        // "probs", "position"
 const char* precision_name(Precision p);           // "fp32", "bf16"
 
+enum class ChunkBy { kExperts, kTokens };
+
 struct MoeConfig {
     std::int64_t hidden_size = 0;                            // H   hidden_size
     std::int64_t num_experts = 0;                            // E   num_moe_experts
@@ -54,9 +56,11 @@ struct MoeConfig {
     bool gradient_accumulation_fusion = false;  // gradient_accumulation_fusion
     Precision precision = Precision::kBf16;     // bf16 = true / false
     DispatcherKind dispatcher = DispatcherKind::kAlltoall;  // moe_token_dispatcher_type
-    // C: the block's dispatch/mlp/combine run per chunk of T / C tokens (moe_block.h);
-    // moe_ep_overlap_num_chunks.
-    std::int64_t num_token_chunks = 1;
+    // C: the block's dispatch/mlp/combine run per chunk (moe_block.h); moe_ep_overlap_num_chunks.
+    std::int64_t num_chunks = 1;
+    // What a chunk is (moe_ep_overlap_chunk_by): a group of L / C of each rank's local experts,
+    // or T / C of the micro-batch's tokens.
+    ChunkBy chunk_by = ChunkBy::kExperts;
 
     bool has_shared_experts() const { return shared_expert_size > 0; }
 };

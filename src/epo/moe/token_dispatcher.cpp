@@ -5,6 +5,14 @@
 
 namespace epo::moe {
 
+ExpertRange expert_group_range(std::int64_t num_local_experts, ExpertGroup g) {
+    EPO_CHECK(g.count >= 1 && g.index >= 0 && g.index < g.count && g.count <= num_local_experts,
+              "expert group {} of {} over {} local expert(s): every group needs an expert "
+              "(moe_ep_overlap_num_chunks at most the experts per EP rank)",
+              g.index, g.count, num_local_experts);
+    return {g.index * num_local_experts / g.count, (g.index + 1) * num_local_experts / g.count};
+}
+
 std::unique_ptr<TokenDispatcher> make_token_dispatcher(const MoeConfig& cfg, int ep_size,
                                                        int ep_rank, int ep_ranks_per_node) {
     switch (cfg.dispatcher) {

@@ -15,6 +15,15 @@
 // (and their backwards), on the communicators of the stream the node runs on (DispatchComms:
 // the EP group, and for a dispatcher that moves tokens node by node, its node and peer halves).
 //
+// Expert groups (the block's expert chunks, docs/chunked-overlap.md): the communicating and
+// expert-facing phases take an ExpertGroup, and then move and sort only the rows of that group of
+// every rank's local experts, so one group's all-to-all can run while another group's experts
+// compute. The plan, the preprocess, the combine's sum and every backward of those stay whole:
+// a micro-batch has one DispatchState whatever its groups, the groups' rows sit where the whole
+// micro-batch's would, and running every group in order moves exactly the bytes of one whole
+// call. The counts are exchanged once, by group 0's token_dispatch. A dispatcher that cannot split
+// refuses any group but the whole one (flex; rule MO007 refuses such a configuration first).
+//
 // Per micro-batch a dispatcher keeps a DispatchState (DeepEP's "handle"): created by
 // new_state(), filled by the forward and read by the backward, opaque to the block except for
 // the expert-facing buffers every dispatcher provides. Adding a dispatcher is one file set that
@@ -49,6 +58,18 @@ struct DispatchComms {
         : ep(g.ep), ep_node(&g.ep_node), ep_peer(&g.ep_peer) {}
 };
 
+// Group `index` of `count` equal groups of each EP rank's local experts: local experts
+// [index L / count, (index + 1) L / count). {0, 1} is all of them.
+struct ExpertGroup {
+    int index = 0;
+    int count = 1;
+};
+struct ExpertRange {
+    std::int64_t begin = 0, end = 0;
+};
+// The local experts of group g for L local experts; refuses count > L (an empty group).
+ExpertRange expert_group_range(std::int64_t num_local_experts, ExpertGroup g);
+
 // One micro-batch's dispatch through one layer, kept from its forward until its backward. The
 // fields here are what the experts read and write; a dispatcher derives its own state from it.
 struct DispatchState {
@@ -76,11 +97,13 @@ public:
     virtual void dispatch_preprocess(const RouterOutput& routing, const Tensor& x, DispatchState& d,
                                      Arena& arena) const = 0;
     // Counts and layout, then the payload, over `comms`; allocates the receive side from `arena`.
-    virtual void token_dispatch(const DispatchComms& comms, DispatchState& d,
-                                Arena& arena) const = 0;
-    virtual void dispatch_postprocess(DispatchState& d) const = 0;
-    virtual void combine_preprocess(DispatchState& d) const = 0;
-    virtual void token_combine(const DispatchComms& comms, DispatchState& d) const = 0;
+    // With groups, group 0's call exchanges the counts of all of them.
+    virtual void token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena,
+                                ExpertGroup g) const = 0;
+    virtual void dispatch_postprocess(DispatchState& d, ExpertGroup g) const = 0;
+    virtual void combine_preprocess(DispatchState& d, ExpertGroup g) const = 0;
+    virtual void token_combine(const DispatchComms& comms, DispatchState& d,
+                               ExpertGroup g) const = 0;
     // y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 if defined).
     virtual void combine_postprocess(const DispatchState& d, const Tensor& shared,
                                      const Tensor& y) const = 0;
@@ -89,10 +112,12 @@ public:
     // dy (T, H) compute dtype; allocates every backward buffer from `arena`.
     virtual void combine_postprocess_backward(const Tensor& dy, DispatchState& d,
                                               Arena& arena) const = 0;
-    virtual void token_combine_backward(const DispatchComms& comms, DispatchState& d) const = 0;
-    virtual void combine_preprocess_backward(DispatchState& d) const = 0;
-    virtual void dispatch_postprocess_backward(DispatchState& d) const = 0;
-    virtual void token_dispatch_backward(const DispatchComms& comms, DispatchState& d) const = 0;
+    virtual void token_combine_backward(const DispatchComms& comms, DispatchState& d,
+                                        ExpertGroup g) const = 0;
+    virtual void combine_preprocess_backward(DispatchState& d, ExpertGroup g) const = 0;
+    virtual void dispatch_postprocess_backward(DispatchState& d, ExpertGroup g) const = 0;
+    virtual void token_dispatch_backward(const DispatchComms& comms, DispatchState& d,
+                                         ExpertGroup g) const = 0;
     // The preprocess's backward, in the two halves the block fuses into its one pass over the
     // tokens: dweight (T, K) f32 = the gradient of each kept (token, k) weight (0 when dropped),
     // and acc[0, H) = sum over token t's kept slots, in k order, of its row gradients (f32).

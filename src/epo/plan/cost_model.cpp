@@ -36,6 +36,16 @@ comm::ByteCounts routed_bytes(const PlanModel& m, double row_bytes) {
     return b;
 }
 
+comm::ByteCounts scaled(const comm::ByteCounts& b, double f) {
+    const auto part = [f](int64_t n) { return static_cast<int64_t>(static_cast<double>(n) * f); };
+    comm::ByteCounts out;
+    out.intra_sent = part(b.intra_sent);
+    out.intra_recv = part(b.intra_recv);
+    out.inter_sent = part(b.inter_sent);
+    out.inter_recv = part(b.inter_recv);
+    return out;
+}
+
 // A collective over a group of `size` ranks moving `bytes` per rank (already scaled by
 // (G-1)/G): on the inter-node link when the group spans nodes.
 comm::ByteCounts group_bytes(double bytes, bool crosses_nodes) {
@@ -46,6 +56,11 @@ comm::ByteCounts group_bytes(double bytes, bool crosses_nodes) {
     else
         b.intra_sent = b.intra_recv = n;
     return b;
+}
+
+// How many equal chunks a MoE layer's dispatch/mlp/combine call is one of (1 for a whole call).
+double chunk_share(const PlanModel& m, const NodeCall& call) {
+    return call.moe_chunk >= 0 ? static_cast<double>(m.shape.moe.num_chunks) : 1.0;
 }
 
 // The forward work of a compute node (its products and element-wise bytes); the backward is
@@ -86,22 +101,28 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
             if (moe) {
                 w.weight_gemms.push_back({T, E, H});
                 w.elementwise_bytes += 2 * R * H * c + T * E * 12;  // permute rows, top-k
-            }
-            break;
-        }
-        case NodeKind::kMlp: {
-            if (moe) {
-                const double F = static_cast<double>(s.moe.ffn_hidden_size);
-                const double local = static_cast<double>(s.num_local_experts());
-                const double rows = R / local;
-                w.weight_gemms = {{rows, 2 * F, H, local}, {rows, H, F, local}};
-                w.elementwise_bytes = R * 3 * F * c + 4 * R * H * c;  // activation, sorts
+                // The shared expert runs here, beside the router (moe_block.cpp).
                 if (s.moe.shared_expert_size > 0) {
                     const double Fs = static_cast<double>(s.moe.shared_expert_size);
                     w.weight_gemms.push_back({T, 2 * Fs, H});
                     w.weight_gemms.push_back({T, H, Fs});
                     w.elementwise_bytes += T * 3 * Fs * c;
                 }
+            }
+            break;
+        }
+        case NodeKind::kMlp: {
+            if (moe) {
+                // The routed experts; a chunk's call (moe_block.h) runs a group of the local
+                // experts with their whole rows, or every expert on a share of the rows.
+                const double F = static_cast<double>(s.moe.ffn_hidden_size);
+                const double local = static_cast<double>(s.num_local_experts());
+                const double part = 1 / chunk_share(m, call);
+                const bool by_experts = s.moe.chunk_by == moe::ChunkBy::kExperts;
+                const double experts = by_experts ? local * part : local;
+                const double rows = by_experts ? R / local : R / local * part;
+                w.weight_gemms = {{rows, 2 * F, H, experts}, {rows, H, F, experts}};
+                w.elementwise_bytes = (R * 3 * F * c + 4 * R * H * c) * part;  // activation, sorts
             } else {
                 const double F = static_cast<double>(s.ffn_hidden);
                 w.weight_gemms = {{T, 2 * F, H}, {T, H, F}};
@@ -237,8 +258,9 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             NodeWork w;
             // Dispatch moves a row and its probability (and exchanges the counts first); combine
             // moves the rows back. Their backward moves the same bytes the other way.
+            // A chunk's call moves its share of the rows.
             const bool dispatch = call.node == NodeKind::kDispatch;
-            w.bytes = routed_bytes(m, H * c + (dispatch ? 4 : 0));
+            w.bytes = scaled(routed_bytes(m, H * c + (dispatch ? 4 : 0)), 1 / chunk_share(m, call));
             w.num_collectives = dispatch ? 2 : 1;
             return w;
         }

@@ -11,7 +11,7 @@ std::vector<CallSpan> critical_path_spans(
     double stream_free[2] = {0.0, 0.0};
     // Done time per (micro-batch, token chunk) (the executor's events); a whole call waits for
     // every chunk of its micro-batch and every chunk then waits for it.
-    const int num_chunks = num_token_chunks(calls);
+    const int num_chunks = num_moe_chunks(calls);
     std::map<std::pair<int, int>, double> micro_batch_done;
     std::map<int, double> bucket_gathered;
     std::vector<CallSpan> spans;
@@ -19,8 +19,8 @@ std::vector<CallSpan> critical_path_spans(
     for (const NodeCall& c : calls) {
         double& free = stream_free[stream_of(c.node) == StreamId::kCompute ? 0 : 1];
         double start = free;
-        const int first = c.token_chunk >= 0 ? c.token_chunk : 0;
-        const int last = c.token_chunk >= 0 ? c.token_chunk + 1 : num_chunks;
+        const int first = c.moe_chunk >= 0 ? c.moe_chunk : 0;
+        const int last = c.moe_chunk >= 0 ? c.moe_chunk + 1 : num_chunks;
         if (waits_for_micro_batch(c.node)) {
             for (int k = first; k < last; ++k)
                 start = std::max(start, micro_batch_done[{c.micro_batch, k}]);

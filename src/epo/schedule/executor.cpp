@@ -10,7 +10,7 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
                     runtime::RankStreams& streams, NodeBody body) {
     // One event per (micro-batch, token chunk): events[mb * C + c]. With C = 1 one per
     // micro-batch, named as before.
-    const int num_chunks = num_token_chunks(calls);
+    const int num_chunks = num_moe_chunks(calls);
     std::vector<runtime::Event> events;
     events.reserve(static_cast<size_t>(num_micro_batches * num_chunks));
     for (int mb = 0; mb < num_micro_batches; ++mb) {
@@ -22,8 +22,8 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
     // The events a call waits for and records: its chunk's, or every chunk's for a whole call
     // (a whole call joins the chunks: it needs all of them, and each needs it).
     const auto chunk_events = [&](const NodeCall& call) {
-        const int first = call.token_chunk >= 0 ? call.token_chunk : 0;
-        const int last = call.token_chunk >= 0 ? call.token_chunk + 1 : num_chunks;
+        const int first = call.moe_chunk >= 0 ? call.moe_chunk : 0;
+        const int last = call.moe_chunk >= 0 ? call.moe_chunk + 1 : num_chunks;
         std::vector<runtime::Event*> out;
         for (int c = first; c < last; ++c)
             out.push_back(&events[static_cast<size_t>(call.micro_batch * num_chunks + c)]);

@@ -3,7 +3,7 @@
 // micro-batch: a micro-batch's consecutive calls alternate streams and each wait binds to the
 // most recent record, so they serialize; calls of two micro-batches are free to overlap. A
 // gradient reduction waits like any call but records nothing, so the micro-batch's next call
-// does not wait for it. With token chunks (schedule.h) the event is per (micro-batch, chunk): a
+// does not wait for it. With MoE chunks (schedule.h) the event is per (micro-batch, chunk): a
 // chunk's call waits on and records its chunk's event, a whole call all of the micro-batch's, so
 // chunk c+1's dispatch runs while chunk c's experts compute. The issuing thread never waits for
 // computation.

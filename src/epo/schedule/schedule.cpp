@@ -22,18 +22,18 @@ struct Builder {
     bool pipelined = false;
 
     void add(int mb, int layer, NodeKind node, Phase phase, bool delayed = false,
-             int wait_bucket = -1, int token_chunk = -1) {
+             int wait_bucket = -1, int moe_chunk = -1) {
         calls.push_back(NodeCall{.micro_batch = mb,
                                  .layer = layer,
                                  .node = node,
                                  .phase = phase,
                                  .wgrad_delayed = delayed,
                                  .wait_bucket = wait_bucket,
-                                 .token_chunk = token_chunk});
+                                 .moe_chunk = moe_chunk});
     }
     bool moe(int layer) const { return shape.moe_layers[static_cast<size_t>(layer)]; }
     // The chunks a layer's dispatch/mlp/combine run in: C for a MoE layer, 1 (whole) otherwise.
-    int chunks(int layer) const { return moe(layer) ? shape.num_token_chunks : 1; }
+    int chunks(int layer) const { return moe(layer) ? shape.num_moe_chunks : 1; }
     // A layer's call for each of its chunks, in ascending order (whole when C = 1).
     void add_chunks(int mb, int layer, NodeKind node, Phase phase, bool delayed = false) {
         const int n = chunks(layer);
@@ -254,33 +254,32 @@ std::string call_name(const NodeCall& c) {
     if (c.layer < 0) {
         return fmt::format("mb{}.{}.{}", c.micro_batch, node_name(c.node), phase_name(c.phase));
     }
-    if (c.token_chunk >= 0) {
+    if (c.moe_chunk >= 0) {
         return fmt::format("mb{}.layer{}.{}.{}.chunk{}", c.micro_batch, c.layer, node_name(c.node),
-                           phase_name(c.phase), c.token_chunk);
+                           phase_name(c.phase), c.moe_chunk);
     }
     return fmt::format("mb{}.layer{}.{}.{}", c.micro_batch, c.layer, node_name(c.node),
                        phase_name(c.phase));
 }
 
-int num_token_chunks(const std::vector<NodeCall>& calls) {
+int num_moe_chunks(const std::vector<NodeCall>& calls) {
     int n = 1;
     for (const NodeCall& c : calls)
-        n = std::max(n, c.token_chunk + 1);
+        n = std::max(n, c.moe_chunk + 1);
     return n;
 }
 
-double overlap_speedup_cap(int num_micro_batches, int num_token_chunks) {
-    const double nc = static_cast<double>(num_micro_batches) * num_token_chunks;
+double overlap_speedup_cap(int num_micro_batches, int num_moe_chunks) {
+    const double nc = static_cast<double>(num_micro_batches) * num_moe_chunks;
     return nc > 0 ? 2.0 * nc / (nc + 1.0) : 0.0;
 }
 
 namespace {
 
 void check_schedule_shape(const ScheduleShape& shape) {
-    if (shape.num_token_chunks < 1) {
-        throw std::invalid_argument(
-            fmt::format("num_token_chunks {} must be at least 1 (1: whole micro-batches)",
-                        shape.num_token_chunks));
+    if (shape.num_moe_chunks < 1) {
+        throw std::invalid_argument(fmt::format(
+            "num_moe_chunks {} must be at least 1 (1: whole micro-batches)", shape.num_moe_chunks));
     }
 }
 

@@ -38,9 +38,10 @@
 // dispatch, so it fills the comm stream's gap while layer l's experts run (after layer l's
 // pre_dispatch for a dense layer, which has no dispatch).
 //
-// Token chunks (num_token_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
-// and combine run once per chunk of the micro-batch's tokens (NodeCall::token_chunk = c); the
-// other nodes stay whole (token_chunk = -1). Each (micro-batch, chunk) is its own dependency
+// MoE chunks (num_moe_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
+// and combine run once per chunk of the micro-batch (a group of the local experts, or of the
+// tokens; the schedule does not care which) (NodeCall::moe_chunk = c); the
+// other nodes stay whole (moe_chunk = -1). Each (micro-batch, chunk) is its own dependency
 // chain; a whole call joins them (it waits for every chunk and every chunk waits for it). Where a
 // micro-batch runs alone (the baseline's reference order aside), a layer's chunks are a pipeline:
 //   forward   d0 | d1 m0 c0 | d2 m1 c1 | ... | m(C-1) c(C-1)     (d dispatch, m mlp, c combine)
@@ -94,10 +95,10 @@ struct NodeCall {
     // it belongs to; -1 outside a pipeline schedule.
     int stage = -1;
     int chunk = -1;
-    // The chunk of the micro-batch's tokens a MoE layer's dispatch/mlp/combine runs on, 0..C-1
-    // (ScheduleShape::num_token_chunks); -1: the whole micro-batch (every other call, and every
+    // The chunk of the micro-batch a MoE layer's dispatch/mlp/combine runs on, 0..C-1
+    // (ScheduleShape::num_moe_chunks); -1: the whole micro-batch (every other call, and every
     // call when C = 1).
-    int token_chunk = -1;
+    int moe_chunk = -1;
 
     bool operator==(const NodeCall&) const = default;
 };
@@ -139,22 +140,22 @@ struct ScheduleShape {
     // Parameter buckets gathered during micro-batch 0's forward (same format; the reference uses
     // the gradient buckets). Empty: no gather in the schedule.
     std::vector<int> param_bucket_ends;
-    // C: chunks of each micro-batch's tokens in a MoE layer's dispatch/mlp/combine
+    // C: chunks of each micro-batch in a MoE layer's dispatch/mlp/combine
     // (model.moe_ep_overlap_num_chunks); 1: whole micro-batches.
-    int num_token_chunks = 1;
+    int num_moe_chunks = 1;
 };
 
-// The number of token chunks a list of calls uses: 1 + the largest token_chunk (at least 1).
-int num_token_chunks(const std::vector<NodeCall>& calls);
+// The number of MoE chunks a list of calls uses: 1 + the largest moe_chunk (at least 1).
+int num_moe_chunks(const std::vector<NodeCall>& calls);
 
 // The theoretical cap of the overlap schedule's speedup over the baseline for N micro-batches
-// and C token chunks, at comm = compute with every combined step fully overlapped:
+// and C MoE chunks, at comm = compute with every combined step fully overlapped:
 //   cap = 2 N C / (N C + 1)
 // A micro-batch's compute P (forward + backward) and communication Q = P take 2P in the
 // baseline. The overlap schedule runs N - 1 combined steps of P each (the communication hidden)
 // and the unpaired first forward and last backward; there a C-chunk pipeline exposes only its
 // fill and drain, Q / C of the communication. Total N P + P / C. C = 1: 2N / (N + 1).
-double overlap_speedup_cap(int num_micro_batches, int num_token_chunks);
+double overlap_speedup_cap(int num_micro_batches, int num_moe_chunks);
 
 // Model positions in backward order: the output layer (L), layers L-1 down to 0, embedding (-1).
 inline constexpr int kEmbeddingPosition = -1;

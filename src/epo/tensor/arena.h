@@ -11,7 +11,7 @@
 // Tensors from alloc() are views; they are invalid after reset() (under AddressSanitizer the
 // released memory is poisoned, so a stale view is reported). One owner (typically one per
 // micro-batch context) resets it; allocation and the byte counts are thread-safe (a mutex),
-// because with token chunks (docs/chunked-overlap.md) two nodes of one micro-batch, one per
+// because with MoE chunks (docs/chunked-overlap.md) two nodes of one micro-batch, one per
 // stream, allocate from its layer's arena at once. Uncontended, the lock costs tens of ns per
 // allocation, next to the microseconds of the node that allocates.
 #pragma once
