@@ -155,8 +155,10 @@ TEST(PlanCost, ChunksShareTheWholeCallsWork) {
     ASSERT_FALSE(whole.gemms.empty());
     for (const char* by : {"experts", "tokens"}) {
         SCOPED_TRACE(by);
+        // With overlap: without it, chunks by experts run whole (W014).
         const std::vector<std::string> o = {"model.moe_ep_overlap_num_chunks=4",
-                                            std::string("model.moe_ep_overlap_chunk_by=") + by};
+                                            std::string("model.moe_ep_overlap_chunk_by=") + by,
+                                            "comm_overlap.overlap_moe_expert_parallel_comm=true"};
         const NodeWork part = work(o, schedule::NodeKind::kMlp, 1);
         EXPECT_NEAR(4 * flops(part), flops(whole), 1e-6 * flops(whole));
         EXPECT_NEAR(4 * part.elementwise_bytes, whole.elementwise_bytes,

@@ -99,6 +99,23 @@ TEST(CriticalPath, ChunksOfOneMicroBatchOverlap) {
     EXPECT_DOUBLE_EQ(spans.back().start, 5.0);
 }
 
+// Uneven chunks (one expert group gets most tokens): every dispatch goes before the first
+// combine, so a long chunk 0 does not hold chunk 2's dispatch. Forward alone, 3 chunks, every
+// call 1 s but m0 3 s: pre [0,1], d0 d1 d2 [1,4], m0 [2,5] c0 [5,6], m1 [5,6] c1 [6,7], m2 [6,7]
+// c2 [7,8]: 8 s (a combine between the dispatches, d0 d1 c0 d2 c1 c2, gives 9).
+TEST(CriticalPath, UnevenChunksDoNotHoldTheNextDispatch) {
+    ScheduleShape s{1, {true}, false};
+    s.num_moe_chunks = 3;
+    const auto dur = [](const NodeCall& c) {
+        return c.node == NodeKind::kMlp && c.moe_chunk == 0 ? 3.0 : 1.0;
+    };
+    std::vector<NodeCall> forward;
+    for (const auto& c : overlap_schedule(s))
+        if (c.phase == Phase::kForward && c.layer == 0)
+            forward.push_back(c);
+    EXPECT_DOUBLE_EQ(critical_path_seconds(forward, dur), 8.0);
+}
+
 // With one micro-batch the unchunked overlap schedule is the baseline; chunks make it faster.
 TEST(CriticalPath, ChunksMakeOneMicroBatchOverlap) {
     const auto dur = [](const NodeCall&) { return 1.0; };

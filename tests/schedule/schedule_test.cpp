@@ -355,19 +355,19 @@ TEST(Schedule, ChunkedBaselineRunsChunkByChunk) {
     EXPECT_EQ(layer_calls(calls, 0, 0), both);
 }
 
-// A micro-batch alone in the overlap schedule: chunk c+1's communication is issued before chunk
-// c's compute, in the forward and the backward.
+// A micro-batch alone in the overlap schedule: every chunk's incoming communication is issued
+// before chunk 0's compute, in the forward and the backward.
 TEST(Schedule, ChunkedOverlapPipelinesAMicroBatchAlone) {
     const auto calls = overlap_schedule(chunked_shape(1, {true}, false, 3));
     const std::vector<std::string> expected = {
         "mb0.layer0.pre_dispatch.forward",     "mb0.layer0.dispatch.forward.chunk0",
-        "mb0.layer0.dispatch.forward.chunk1",  "mb0.layer0.mlp.forward.chunk0",
-        "mb0.layer0.combine.forward.chunk0",   "mb0.layer0.dispatch.forward.chunk2",
+        "mb0.layer0.dispatch.forward.chunk1",  "mb0.layer0.dispatch.forward.chunk2",
+        "mb0.layer0.mlp.forward.chunk0",       "mb0.layer0.combine.forward.chunk0",
         "mb0.layer0.mlp.forward.chunk1",       "mb0.layer0.combine.forward.chunk1",
         "mb0.layer0.mlp.forward.chunk2",       "mb0.layer0.combine.forward.chunk2",
         "mb0.layer0.combine.backward.chunk0",  "mb0.layer0.combine.backward.chunk1",
-        "mb0.layer0.mlp.backward.chunk0",      "mb0.layer0.dispatch.backward.chunk0",
-        "mb0.layer0.combine.backward.chunk2",  "mb0.layer0.mlp.backward.chunk1",
+        "mb0.layer0.combine.backward.chunk2",  "mb0.layer0.mlp.backward.chunk0",
+        "mb0.layer0.dispatch.backward.chunk0", "mb0.layer0.mlp.backward.chunk1",
         "mb0.layer0.dispatch.backward.chunk1", "mb0.layer0.mlp.backward.chunk2",
         "mb0.layer0.dispatch.backward.chunk2", "mb0.layer0.pre_dispatch.backward"};
     EXPECT_EQ(layer_calls(calls, 0, 0), expected);

@@ -113,6 +113,39 @@ void warn_forced_false(const Config& config, std::vector<Finding>& warnings) {
     check(user.delay_wgrad_compute, config.model.delay_wgrad_compute, "delay_wgrad_compute");
 }
 
+// The comm-overlap section's effects (the section exists): tensor-parallel overlap settled, then
+// the computed model and data-parallel overlap fields with the user's values on top.
+void settle_comm_overlap(Config& config, std::vector<Finding>& warnings) {
+    settle_tp_overlap(config, warnings);
+    warn_forced_false(config, warnings);
+    copy_same_named(config.model, resolved_model_overlap(config));
+    // Data-parallel overlap exists only with Megatron's DDP and distributed optimizer; without
+    // it the ddp and optimizer sections are left exactly as given.
+    if (config.ddp.use_distributed_optimizer) {
+        const CommOverlapConfig optimizer_side = resolved_optimizer_overlap(config);
+        copy_same_named(config.ddp, optimizer_side);
+        copy_same_named(config.optimizer, optimizer_side);
+    }
+}
+
+// Chunks by experts leave every product and sum as C = 1 computes it; they only let the overlap
+// schedule run one chunk's all-to-all under another's experts. Without overlap nothing runs
+// under anything, and each chunk's all-to-all would wait for the slower rank once more per
+// layer, so the MoE layers run whole (the same bits; docs/chunked-overlap.md). Token chunks
+// change the weight-gradient sums and stay, so the baseline they are compared with has them.
+void settle_moe_chunks(ModelConfig& m, std::vector<Finding>& warnings) {
+    if (m.moe_ep_overlap_num_chunks <= 1 || m.overlap_moe_expert_parallel_comm ||
+        m.moe_ep_overlap_chunk_by != ChunkSplit::kExperts)
+        return;
+    warnings.push_back(Finding{
+        "W014", "model.moe_ep_overlap_num_chunks", std::to_string(m.moe_ep_overlap_num_chunks),
+        "chunks by experts without overlap_moe_expert_parallel_comm: the MoE layers run whole "
+        "(C = 1 gives the same bits, and a baseline's chunks would only add waits)",
+        "set model.moe_ep_overlap_num_chunks=1, or turn on "
+        "comm_overlap.overlap_moe_expert_parallel_comm"});
+    m.moe_ep_overlap_num_chunks = 1;
+}
+
 }  // namespace
 
 CommOverlapConfig resolved_model_overlap(const Config& config) {
@@ -167,19 +200,10 @@ FinalizeResult finalize(Config& config) {
             "step (--moe_flex_dispatcher_backend)"});
         m.moe_token_dispatcher_type = DispatcherType::kAlltoall;
     }
-    if (!config.comm_overlap) {
-        return result;  // the reference applies comm-overlap settings only when the section exists
-    }
-    settle_tp_overlap(config, result.warnings);
-    warn_forced_false(config, result.warnings);
-    copy_same_named(config.model, resolved_model_overlap(config));
-    // Data-parallel overlap exists only with Megatron's DDP and distributed optimizer; without
-    // it the ddp and optimizer sections are left exactly as given.
-    if (config.ddp.use_distributed_optimizer) {
-        const CommOverlapConfig optimizer_side = resolved_optimizer_overlap(config);
-        copy_same_named(config.ddp, optimizer_side);
-        copy_same_named(config.optimizer, optimizer_side);
-    }
+    // The reference applies comm-overlap settings only when the section exists.
+    if (config.comm_overlap)
+        settle_comm_overlap(config, result.warnings);
+    settle_moe_chunks(config.model, result.warnings);
     return result;
 }
 

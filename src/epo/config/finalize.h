@@ -18,7 +18,8 @@
 //      comm_overlap.overlap_moe_expert_parallel_comm turns a model's `true` into false; that
 //      is reported as warning W010 (the reference is silent about it).
 // Independently of comm_overlap: a flex dispatcher without a backend falls back to alltoall
-// (W009).
+// (W009), and MoE chunks by experts without EP overlap become C = 1 (W014: they give C = 1's
+// bits and would only add waits to a schedule that overlaps nothing).
 //
 // Finalizing a finalized config changes nothing (the user's values are kept in comm_overlap, so
 // the same inputs give the same outputs, and the switch-offs of step 1 are already recorded).

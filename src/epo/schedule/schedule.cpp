@@ -53,13 +53,16 @@ struct Builder {
             if (c == n - 1)
                 after_in();
         };
-        if (pipelined)
-            add_in(0);
+        // Why every `in` first: each needs only what the layer's previous node made, so the
+        // comm stream moves them back to back while chunk 0 computes; an `out` between them
+        // would hold the next chunk's `in` until the previous chunk's compute ends.
+        if (pipelined) {
+            for (int c = 0; c < n; ++c)
+                add_in(c);
+        }
         for (int c = 0; c < n; ++c) {
             if (!pipelined)
                 add_in(c);
-            else if (c + 1 < n)
-                add_in(c + 1);  // why: chunk c+1's communication runs under chunk c's compute
             add(mb, l, compute, phase, false, -1, chunk(c));
             add(mb, l, out, phase, false, -1, chunk(c));
         }

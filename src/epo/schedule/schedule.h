@@ -44,9 +44,11 @@
 // other nodes stay whole (moe_chunk = -1). Each (micro-batch, chunk) is its own dependency
 // chain; a whole call joins them (it waits for every chunk and every chunk waits for it). Where a
 // micro-batch runs alone (the baseline's reference order aside), a layer's chunks are a pipeline:
-//   forward   d0 | d1 m0 c0 | d2 m1 c1 | ... | m(C-1) c(C-1)     (d dispatch, m mlp, c combine)
-//   backward  c0 | c1 m0 d0 | c2 m1 d1 | ... | m(C-1) d(C-1)     (each node's backward)
-// so chunk c+1's communication is issued before chunk c's compute and runs under it. The
+//   forward   d0 d1 ... d(C-1) | m0 c0 | m1 c1 | ... | m(C-1) c(C-1)   (d dispatch, m mlp,
+//   backward  c0 c1 ... c(C-1) | m0 d0 | m1 d1 | ... | m(C-1) d(C-1)    c combine; backwards)
+// so every chunk's incoming communication is issued before chunk 0's compute and runs under the
+// compute of the chunks before it, and chunk c's outgoing one under the compute after it (an
+// outgoing call between two incoming ones would hold the second until a compute ends). The
 // baseline runs chunk by chunk (d0 m0 c0 d1 m1 c1 ...: nothing overlaps, the reference order);
 // the combined step keeps the ten-step pair order with each chunked step expanded into its C
 // chunks in order. Every chunk order is ascending, so the weight gradients of a parameter
