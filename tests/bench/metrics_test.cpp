@@ -203,6 +203,32 @@ TEST(CriticalPathBound, TakesTheShorterOfBaselineAndOwnDurations) {
     EXPECT_NEAR(bound, expected, 1e-9);
 }
 
+// Chunks by experts run whole in the baseline (W014): a chunk call gets its share of the whole
+// call's baseline time, in the proportion the run itself measured across the chunks (1 : 3
+// here), and a delayed chunk's halves split that share as the run measured them (1 : 1).
+TEST(CriticalPathBound, ChunkCallsShareTheWholeBaselineCall) {
+    const schedule::ScheduleShape whole{
+        .num_micro_batches = 2, .moe_layers = {true}, .delay_wgrad = true};
+    schedule::ScheduleShape chunked = whole;
+    chunked.num_moe_chunks = 2;
+    const auto base_d = [](const schedule::NodeCall& c) {
+        return schedule::stream_of(c.node) == schedule::StreamId::kComm ? 2e-3 : 1e-3;
+    };
+    // The run's own durations are far longer (contention): only their proportions may count.
+    const auto own_d = [](const schedule::NodeCall& c) { return c.moe_chunk == 1 ? 3e-2 : 1e-2; };
+    const std::vector<schedule::NodeCall> calls = schedule::overlap_schedule(chunked);
+    const double bound = critical_path_bound_s(
+        calls, median_call_durations({records(schedule::baseline_schedule(whole), base_d)}),
+        median_call_durations({records(calls, own_d)}));
+    const double expected =
+        schedule::critical_path_seconds(calls, [&](const schedule::NodeCall& c) {
+            const double share = c.moe_chunk < 0 ? 1.0 : c.moe_chunk == 0 ? 0.25 : 0.75;
+            const bool split = c.phase == schedule::Phase::kBackwardDw || c.wgrad_delayed;
+            return base_d(c) * share * (split ? 0.5 : 1.0);
+        });
+    EXPECT_NEAR(bound, expected, 1e-9);
+}
+
 TEST(CriticalPathBound, MissingDurationIsAnError) {
     const schedule::ScheduleShape shape{.num_micro_batches = 2, .moe_layers = {true}};
     EXPECT_THROW(critical_path_bound_s(schedule::overlap_schedule(shape), {}, {}), Error);

@@ -46,14 +46,6 @@ double median_of(std::vector<double> v) {
     return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// The name of the backward call of the same micro-batch, layer and node with its weight
-// gradients included, i.e. as the baseline schedule names it.
-std::string undelayed_backward_name(schedule::NodeCall call) {
-    call.phase = schedule::Phase::kBackward;
-    call.wgrad_delayed = false;
-    return schedule::call_name(call);
-}
-
 double lookup(const CallDurations& durations, const std::string& name, const char* which) {
     const auto it = durations.find(name);
     if (it == durations.end()) {
@@ -187,34 +179,70 @@ CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskR
 
 double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
                              const CallDurations& baseline, const CallDurations& own) {
+    using schedule::NodeCall;
+    const int num_chunks = schedule::num_moe_chunks(calls);
+    // This run's time for `call`; for a backward that this run split into input and weight
+    // gradients, the two halves together.
+    const auto own_full = [&](const NodeCall& call) {
+        const std::string name = schedule::call_name(call);
+        if (own.count(name) || call.phase != schedule::Phase::kBackward || call.wgrad_delayed)
+            return lookup(own, name, "overlap");
+        NodeCall dgrad = call, wgrad = call;
+        dgrad.wgrad_delayed = true;
+        wgrad.phase = schedule::Phase::kBackwardDw;
+        return lookup(own, schedule::call_name(dgrad), "overlap") +
+               lookup(own, schedule::call_name(wgrad), "overlap");
+    };
+    // The baseline's time for `call` (its weight gradients included): measured under the same
+    // name, or, where the baseline ran the layer whole (chunks by experts, W014), the whole
+    // call's time shared out in the proportion this run measured across the chunks.
+    const auto baseline_of = [&](const NodeCall& call) {
+        const std::string name = schedule::call_name(call);
+        if (baseline.count(name) || call.moe_chunk < 0)
+            return lookup(baseline, name, "baseline");
+        NodeCall whole = call;
+        whole.moe_chunk = -1;
+        double sum = 0;
+        for (int c = 0; c < num_chunks; ++c) {
+            NodeCall part = call;
+            part.moe_chunk = c;
+            sum += own_full(part);
+        }
+        const double b = lookup(baseline, schedule::call_name(whole), "baseline");
+        return sum > 0 ? b * own_full(call) / sum : 0.0;
+    };
     // A call's best case is the shorter of its two medians: the baseline's carries no contention,
     // but its communication calls also hold the wait for the slowest rank to enter, which the
     // overlap run partly hides.
-    const auto shortest = [&](const std::string& name) {
-        const double b = lookup(baseline, name, "baseline");
-        const auto it = own.find(name);
+    const auto shortest = [&](const NodeCall& call) {
+        const double b = baseline_of(call);
+        const auto it = own.find(schedule::call_name(call));
         return it == own.end() ? b : std::min(b, it->second);
     };
-    const auto duration = [&](const schedule::NodeCall& call) {
-        const std::string name = schedule::call_name(call);
+    const auto duration = [&](const NodeCall& call) {
         const bool split = call.phase == schedule::Phase::kBackwardDw || call.wgrad_delayed;
         if (!split) {
-            return shortest(name);
+            return shortest(call);
         }
         // The baseline ran input and weight gradients as one call; share its duration out in
         // the proportion this run measured for the two halves.
-        schedule::NodeCall dgrad = call, wgrad = call;
+        NodeCall dgrad = call, wgrad = call, undelayed = call;
         dgrad.phase = schedule::Phase::kBackward;
         dgrad.wgrad_delayed = true;
         wgrad.phase = schedule::Phase::kBackwardDw;
+        undelayed.phase = schedule::Phase::kBackward;
+        undelayed.wgrad_delayed = false;
         const double d = lookup(own, schedule::call_name(dgrad), "overlap");
         const double w = lookup(own, schedule::call_name(wgrad), "overlap");
-        const double whole =
-            std::min(lookup(baseline, undelayed_backward_name(call), "baseline"), d + w);
+        const double whole = std::min(baseline_of(undelayed), d + w);
         const double mine = call.phase == schedule::Phase::kBackwardDw ? w : d;
         return d + w > 0 ? whole * mine / (d + w) : 0.0;
     };
-    const double optimizer = baseline.count("optimizer_step") ? shortest("optimizer_step") : 0.0;
+    double optimizer = 0;
+    if (const auto b = baseline.find("optimizer_step"); b != baseline.end()) {
+        const auto o = own.find("optimizer_step");
+        optimizer = o == own.end() ? b->second : std::min(b->second, o->second);
+    }
     return schedule::critical_path_seconds(calls, duration) + optimizer;
 }
 

@@ -107,7 +107,10 @@ CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskR
 // overlap run partly hides. A call the baseline does not have (the input-gradient half of a
 // delayed weight gradient, and the delayed weight gradient itself) gets the shorter of the whole
 // backward of that node (baseline) and its two halves together (own), split in the proportion
-// the run itself measured. "optimizer_step" (shorter of the two) is added at the end. Raises
+// the run itself measured. A chunk call where the baseline ran its layer whole (chunks by
+// experts run whole without overlap, W014) gets its share of the whole call's baseline time,
+// in the proportion this run measured across the chunks. "optimizer_step" (shorter of the two)
+// is added at the end. Raises
 // epo::Error (kInternal) if a baseline duration is missing.
 double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
                              const CallDurations& baseline, const CallDurations& own);
