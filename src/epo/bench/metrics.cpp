@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "epo/comm/mpi_runtime.h"
 #include "epo/comm/rank_runner.h"
@@ -181,17 +182,23 @@ double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
                              const CallDurations& baseline, const CallDurations& own) {
     using schedule::NodeCall;
     const int num_chunks = schedule::num_moe_chunks(calls);
+    // The two halves of a delayed weight gradient's backward: this run's durations of the input
+    // gradient (the delayed backward) and of the weight gradient (backward_dw).
+    const auto halves = [&](NodeCall call) {
+        call.phase = schedule::Phase::kBackward;
+        call.wgrad_delayed = true;
+        const double d = lookup(own, schedule::call_name(call), "overlap");
+        call.phase = schedule::Phase::kBackwardDw;
+        return std::pair{d, lookup(own, schedule::call_name(call), "overlap")};
+    };
     // This run's time for `call`; for a backward that this run split into input and weight
     // gradients, the two halves together.
     const auto own_full = [&](const NodeCall& call) {
         const std::string name = schedule::call_name(call);
         if (own.count(name) || call.phase != schedule::Phase::kBackward || call.wgrad_delayed)
             return lookup(own, name, "overlap");
-        NodeCall dgrad = call, wgrad = call;
-        dgrad.wgrad_delayed = true;
-        wgrad.phase = schedule::Phase::kBackwardDw;
-        return lookup(own, schedule::call_name(dgrad), "overlap") +
-               lookup(own, schedule::call_name(wgrad), "overlap");
+        const auto [d, w] = halves(call);
+        return d + w;
     };
     // The baseline's time for `call` (its weight gradients included): measured under the same
     // name, or, where the baseline ran the layer whole (chunks by experts, W014), the whole
@@ -226,14 +233,10 @@ double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
         }
         // The baseline ran input and weight gradients as one call; share its duration out in
         // the proportion this run measured for the two halves.
-        NodeCall dgrad = call, wgrad = call, undelayed = call;
-        dgrad.phase = schedule::Phase::kBackward;
-        dgrad.wgrad_delayed = true;
-        wgrad.phase = schedule::Phase::kBackwardDw;
+        NodeCall undelayed = call;
         undelayed.phase = schedule::Phase::kBackward;
         undelayed.wgrad_delayed = false;
-        const double d = lookup(own, schedule::call_name(dgrad), "overlap");
-        const double w = lookup(own, schedule::call_name(wgrad), "overlap");
+        const auto [d, w] = halves(call);
         const double whole = std::min(baseline_of(undelayed), d + w);
         const double mine = call.phase == schedule::Phase::kBackwardDw ? w : d;
         return d + w > 0 ? whole * mine / (d + w) : 0.0;
