@@ -245,5 +245,22 @@ TEST(Finalize, ExpertChunksWithoutOverlapRunWhole) {
     EXPECT_TRUE(finalize(bare).warnings.empty());  // finalizing twice changes nothing
 }
 
+// Paired edges reorder the overlap schedule only: without overlap W015 clears the field (the
+// baseline of `epo bench --compare` is built from the same overrides, so not an error); with
+// overlap it stays.
+TEST(Finalize, PairedEdgesWithoutOverlapAreIgnored) {
+    const auto finalized = [](bool overlap) {
+        Config c = make_recipe("tiny-moe");
+        c.comm_overlap.emplace();
+        c.comm_overlap->tp_comm_overlap = false;
+        c.comm_overlap->overlap_moe_expert_parallel_comm = overlap;
+        c.model.moe_ep_overlap_pair_edges = true;
+        const auto w = finalize(c).warnings;
+        return std::pair{c.model.moe_ep_overlap_pair_edges, has(w, "W015")};
+    };
+    EXPECT_EQ(finalized(false), std::pair(false, true));
+    EXPECT_EQ(finalized(true), std::pair(true, false));
+}
+
 }  // namespace
 }  // namespace epo::config

@@ -42,6 +42,20 @@ TEST(MemoryEstimate, OverlapHoldsTwoMicroBatches) {
     EXPECT_EQ(o.activations, 2 * b.activations);
 }
 
+TEST(MemoryEstimate, PairedEdgesHoldAThirdMicroBatchFromThreePerStep) {
+    Config paired = tiny(2);
+    paired.model.overlap_moe_expert_parallel_comm = true;
+    paired.model.moe_ep_overlap_pair_edges = true;
+    const MemoryEstimate b = estimate_rank_memory(tiny(2), 2);
+    for (int mbs : {1, 2, 3, 8}) {
+        paired.train.global_batch_size = static_cast<int>(mbs * config::samples_per_step(paired));
+        ASSERT_EQ(config::num_microbatches(paired), mbs);
+        const MemoryEstimate p = estimate_rank_memory(paired, 2);
+        EXPECT_EQ(p.micro_batches_in_flight, mbs >= 3 ? 3 : 2) << mbs;
+        EXPECT_EQ(p.activations, p.micro_batches_in_flight * b.activations) << mbs;
+    }
+}
+
 TEST(MemoryEstimate, DistributedOptimizerShardsTheMoments) {
     Config c = tiny(1);
     c.comm.gpus_per_node = 2;  // EP 1 over 2 ranks: dense and experts both replicated twice

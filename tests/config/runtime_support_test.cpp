@@ -68,6 +68,12 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.pipeline_model_parallel_size = 2;
              c.model.moe_ep_overlap_num_chunks = 2;
          }},
+        {"RT030",
+         [](Config& c) {
+             c.model.pipeline_model_parallel_size = 2;
+             c.model.overlap_moe_expert_parallel_comm = true;
+             c.model.moe_ep_overlap_pair_edges = true;
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -139,7 +145,7 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines
 }
 
 TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
-    for (const char* id : {"RT027", "RT028", "RT029"}) {
+    for (const char* id : {"RT027", "RT028", "RT029", "RT030"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

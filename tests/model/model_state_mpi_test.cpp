@@ -160,6 +160,31 @@ TEST(ModelState, SchedulesMatchTheStraightReference) {
     }
 }
 
+// The paired-edges overlap schedule (schedule.h "Paired edges") in issue order against the
+// straight reference; it holds a third micro-batch in flight from 3 per step on, where the
+// unpaired one holds two.
+TEST(ModelState, PairedEdgesMatchTheStraightReferenceWithOneMoreInFlight) {
+    const GptShape s = shape_with(true, DType::kBF16);
+    for (int num_mb : {2, 3, 4}) {
+        for (bool paired : {false, true}) {
+            StepRun want(s, num_mb);
+            one_at_a_time(want);
+            StepRun got(s, num_mb);
+            schedule::ScheduleShape sched{num_mb, s.moe_layers, /*delay_wgrad=*/true};
+            sched.pair_edges = paired;
+            int peak = 0;
+            for (const schedule::NodeCall& c : schedule::overlap_schedule(sched)) {
+                got.model.run(c, got.ep(), got.scratch);
+                peak = std::max(peak, got.model.num_in_flight());
+            }
+            const std::string what =
+                fmt::format("{} micro-batches, {}", num_mb, paired ? "paired" : "unpaired");
+            expect_same(got, want, what);
+            EXPECT_EQ(peak, paired && num_mb >= 3 ? 3 : 2) << what;
+        }
+    }
+}
+
 TEST(ModelState, AStepCannotBeginWhileMicroBatchesAreInFlight) {
     StepRun r(shape_with(false, DType::kF32), 2);
     r.model.forward(0, r.ep(), r.scratch);

@@ -116,6 +116,29 @@ TEST(CriticalPath, UnevenChunksDoNotHoldTheNextDispatch) {
     EXPECT_DOUBLE_EQ(critical_path_seconds(forward, dur), 8.0);
 }
 
+// Paired edges, 2 micro-batches a and b, one MoE layer, every call 1 s. Forward pair: compute
+// a.emb [0,1] b.emb [1,2] a.pre [2,3] b.pre [3,4] a.mlp [4,5] b.mlp [5,6] a.out [6,7] b.out [7,8],
+// comm a.disp [3,4] (under b.pre) b.disp [4,5] a.comb [5,6] b.comb [6,7]; the backward pair
+// likewise from 8 to 16: 16 s, against 24 s for the baseline (nothing overlaps) and more for the
+// unpaired schedule, whose first forward and last backward run alone.
+TEST(CriticalPath, PairedEdgesHideTheEdgesCommunication) {
+    const auto dur = [](const NodeCall&) { return 1.0; };
+    ScheduleShape s{2, {true}, false};
+    const double base = critical_path_seconds(baseline_schedule(s), dur);
+    const double unpaired = critical_path_seconds(overlap_schedule(s), dur);
+    s.pair_edges = true;
+    EXPECT_DOUBLE_EQ(base, 24.0);
+    EXPECT_DOUBLE_EQ(critical_path_seconds(overlap_schedule(s), dur), 16.0);
+    EXPECT_GT(unpaired, 16.0);
+    // 8 micro-batches, 2 layers: pairing the edges is never slower than the unpaired schedule.
+    for (bool delay : {false, true}) {
+        ScheduleShape m{8, {true, true}, delay};
+        const double plain = critical_path_seconds(overlap_schedule(m), dur);
+        m.pair_edges = true;
+        EXPECT_LT(critical_path_seconds(overlap_schedule(m), dur), plain) << "delay " << delay;
+    }
+}
+
 // With one micro-batch the unchunked overlap schedule is the baseline; chunks make it faster.
 TEST(CriticalPath, ChunksMakeOneMicroBatchOverlap) {
     const auto dur = [](const NodeCall&) { return 1.0; };

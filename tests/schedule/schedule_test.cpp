@@ -70,7 +70,12 @@ using Key = std::tuple<int, int, NodeKind>;
 
 // Every (micro-batch, layer, node) has one forward and one backward; with delayed wgrad the
 // layers' pre_dispatch and mlp nodes also have one backward_dw, and their backward is marked.
-void expect_complete(const std::vector<NodeCall>& calls, const ScheduleShape& s, bool delayed) {
+// Micro-batches 0 .. delayed_below - 1 run their backward in a combined step (those delay their
+// weight gradients); -1: every one but the last (the combined 1F1B schedule).
+void expect_complete(const std::vector<NodeCall>& calls, const ScheduleShape& s, bool delayed,
+                     int delayed_below = -1) {
+    if (delayed_below < 0)
+        delayed_below = s.num_micro_batches - 1;
     std::map<std::tuple<int, int, NodeKind, Phase>, int> seen;
     for (const auto& c : calls)
         seen[{c.micro_batch, c.layer, c.node, c.phase}]++;
@@ -91,7 +96,7 @@ void expect_complete(const std::vector<NodeCall>& calls, const ScheduleShape& s,
                 EXPECT_EQ((seen[{mb, l, n, Phase::kBackward}]), 1);
                 const bool has_dw = delayed && l >= 0 &&
                                     (n == NodeKind::kPreDispatch || n == NodeKind::kMlp) &&
-                                    mb + 1 < s.num_micro_batches;
+                                    mb < delayed_below;
                 EXPECT_EQ((seen[{mb, l, n, Phase::kBackwardDw}]), has_dw ? 1 : 0)
                     << "mb " << mb << " layer " << l << " " << node_name(n);
             }
@@ -142,6 +147,168 @@ TEST(Schedule, EveryNodeRunsOnceInDependencyAndAccumulationOrder) {
             }
         }
     }
+}
+
+// ---- Paired edges (schedule.h "Paired edges") ----
+
+ScheduleShape paired_shape(int mbs, std::vector<bool> layers, bool delay) {
+    ScheduleShape s{mbs, std::move(layers), delay};
+    s.pair_edges = true;
+    return s;
+}
+
+TEST(Schedule, PairedEdgesRunTheFirstForwardsAndTheLastBackwardsTogether) {
+    // One MoE layer, 2 micro-batches: the two forwards, then the two backwards, interleaved so
+    // each micro-batch's all-to-all runs under the other's compute; nothing else (no combined
+    // step at 2, so nothing is delayed even with delay_wgrad).
+    for (bool delay : {false, true}) {
+        const auto calls = names(overlap_schedule(paired_shape(2, {true}, delay)));
+        const std::vector<std::string> want = {"mb0.embedding.forward",
+                                               "mb1.embedding.forward",
+                                               "mb0.layer0.pre_dispatch.forward",
+                                               "mb0.layer0.dispatch.forward",
+                                               "mb1.layer0.pre_dispatch.forward",
+                                               "mb1.layer0.dispatch.forward",
+                                               "mb0.layer0.mlp.forward",
+                                               "mb0.layer0.combine.forward",
+                                               "mb1.layer0.mlp.forward",
+                                               "mb1.layer0.combine.forward",
+                                               "mb0.output.forward",
+                                               "mb1.output.forward",
+                                               "mb0.output.backward",
+                                               "mb1.output.backward",
+                                               "mb0.layer0.combine.backward",
+                                               "mb1.layer0.combine.backward",
+                                               "mb0.layer0.mlp.backward",
+                                               "mb0.layer0.dispatch.backward",
+                                               "mb1.layer0.mlp.backward",
+                                               "mb1.layer0.dispatch.backward",
+                                               "mb0.layer0.pre_dispatch.backward",
+                                               "mb1.layer0.pre_dispatch.backward",
+                                               "mb0.embedding.backward",
+                                               "mb1.embedding.backward"};
+        EXPECT_EQ(calls, want) << "delay_wgrad " << delay;
+    }
+    // 3 micro-batches: the pair of forwards, one combined step (forward 2 with backward 0), the
+    // pair of backwards (1 and 2). The combined step is the unpaired schedule's step, unchanged.
+    ScheduleShape s = paired_shape(3, {true, true}, true);
+    const auto calls = overlap_schedule(s);
+    const auto at = [&](const std::string& name) {
+        const auto n = names(calls);
+        return std::find(n.begin(), n.end(), name) - n.begin();
+    };
+    EXPECT_LT(at("mb1.output.forward"), at("mb2.embedding.forward"));
+    EXPECT_EQ(at("mb2.embedding.forward") + 1, at("mb0.output.backward"));
+    EXPECT_LT(at("mb0.embedding.backward"), at("mb1.output.backward"));
+    EXPECT_EQ(at("mb1.output.backward") + 1, at("mb2.output.backward"));
+    ScheduleShape unpaired = s;
+    unpaired.pair_edges = false;
+    const auto plain = names(overlap_schedule(unpaired));
+    // The unpaired schedule's combined step (forward 1, backward 0), from mb1's embedding forward
+    // to mb0's last delayed wgrad: the paired one has the same calls with forward 1 renamed 2.
+    const auto n = names(calls);
+    const auto p0 = std::find(plain.begin(), plain.end(), "mb1.embedding.forward");
+    const auto q0 = std::find(n.begin(), n.end(), "mb2.embedding.forward");
+    const auto p1 = std::find(plain.begin(), plain.end(), "mb0.layer0.pre_dispatch.backward_dw");
+    ASSERT_NE(p1, plain.end());
+    for (auto p = p0, q = q0; p <= p1; ++p, ++q) {
+        std::string renamed = *p;
+        if (renamed.rfind("mb1.", 0) == 0)
+            renamed.replace(0, 4, "mb2.");
+        EXPECT_EQ(*q, renamed);
+    }
+}
+
+TEST(Schedule, PairedEdgesRunEveryNodeOnceInDependencyAndAccumulationOrder) {
+    for (int mbs : {1, 2, 3, 8}) {
+        for (bool delay : {false, true}) {
+            for (auto pattern : {std::vector<bool>{true, true},
+                                 std::vector<bool>{false, true, true}, std::vector<bool>{true}}) {
+                for (int chunks : {1, 2}) {
+                    ScheduleShape s = paired_shape(mbs, pattern, delay);
+                    s.num_moe_chunks = chunks;
+                    SCOPED_TRACE(::testing::Message() << mbs << " micro-batches, delay " << delay
+                                                      << ", " << chunks << " chunks");
+                    const auto calls = overlap_schedule(s);
+                    if (chunks == 1) {
+                        // With one micro-batch there is nothing to pair.
+                        expect_complete(calls, s, delay, mbs >= 2 ? mbs - 2 : 0);
+                        expect_same_dependencies_and_accumulation_order(calls, s);
+                    }
+                    // Every chunk of a micro-batch's layer in ascending order, each once.
+                    std::map<std::tuple<int, int, NodeKind, Phase>, int> next_chunk;
+                    for (const NodeCall& c : calls) {
+                        if (c.moe_chunk < 0)
+                            continue;
+                        int& want = next_chunk[{c.micro_batch, c.layer, c.node, c.phase}];
+                        EXPECT_EQ(c.moe_chunk, want) << call_name(c);
+                        ++want;
+                    }
+                    for (const auto& [key, count] : next_chunk)
+                        EXPECT_EQ(count, chunks);
+                }
+            }
+        }
+    }
+}
+
+TEST(Schedule, PairedEdgesGatherInTheFirstForwardAndReduceInTheLastBackward) {
+    for (int mbs : {2, 3}) {
+        ScheduleShape s = paired_shape(mbs, {true, false}, true);
+        s.grad_bucket_ends = {2, 1, 0, kEmbeddingPosition};
+        s.param_bucket_ends = {2, 1, 0, kEmbeddingPosition};
+        const auto calls = overlap_schedule(s);
+        const auto n = names(calls);
+        const auto at = [&](const std::string& name) {
+            const auto it = std::find(n.begin(), n.end(), name);
+            EXPECT_NE(it, n.end()) << name;
+            return it - n.begin();
+        };
+        const int last = mbs - 1, before = mbs - 2;
+        int gathers = 0, reduces = 0;
+        for (size_t i = 0; i < calls.size(); ++i) {
+            const NodeCall& c = calls[i];
+            if (c.node == NodeKind::kParamGather) {
+                ++gathers;
+                EXPECT_EQ(c.micro_batch, 0);
+            }
+            if (c.wait_bucket >= 0)
+                EXPECT_EQ(c.micro_batch, 0) << call_name(c);
+            if (c.node == NodeKind::kGradReduce) {
+                ++reduces;
+                EXPECT_EQ(c.micro_batch, last);
+            }
+        }
+        EXPECT_EQ(gathers, 4);
+        EXPECT_EQ(reduces, 4);
+        // A gather comes before micro-batch 0's first use of its bucket, which micro-batch 1's
+        // first use follows on the compute stream.
+        EXPECT_LT(at("mb0.bucket2.param_gather"), at("mb0.layer0.pre_dispatch.forward"));
+        EXPECT_LT(at("mb0.layer0.pre_dispatch.forward"), at("mb1.layer0.pre_dispatch.forward"));
+        EXPECT_LT(at("mb0.bucket1.param_gather"), at("mb1.layer0.pre_dispatch.forward"));
+        EXPECT_LT(at("mb0.bucket0.param_gather"), at("mb0.output.forward"));
+        // A bucket is reduced once both paired backwards have passed its position: layer 1's
+        // bucket (1, a dense layer) right after the last backward's layer 1.
+        const std::string a = "mb" + std::to_string(before) + ".",
+                          b = "mb" + std::to_string(last) + ".";
+        // The output layer's bucket: layer 1 is dense (no comm call to go behind), so at once.
+        EXPECT_EQ(at(b + "output.backward") + 1, at(b + "bucket0.grad_reduce"));
+        // Layer 1's: behind the next comm call, layer 0's second combine.
+        EXPECT_LT(at(a + "layer1.pre_dispatch.backward"), at(b + "bucket1.grad_reduce"));
+        EXPECT_LT(at(b + "layer1.pre_dispatch.backward"), at(b + "bucket1.grad_reduce"));
+        EXPECT_EQ(at(b + "layer0.combine.backward") + 1, at(b + "bucket1.grad_reduce"));
+        EXPECT_LT(at(b + "layer0.pre_dispatch.backward"), at(b + "bucket2.grad_reduce"));
+        EXPECT_LT(at(a + "embedding.backward"), at(b + "bucket3.grad_reduce"));
+        EXPECT_EQ(n.back(), b + "bucket3.grad_reduce");
+    }
+}
+
+TEST(Schedule, PairedEdgesWithOneMicroBatchAreTheUnpairedSchedule) {
+    ScheduleShape s = paired_shape(1, {true, true}, true);
+    ScheduleShape unpaired = s;
+    unpaired.pair_edges = false;
+    EXPECT_EQ(overlap_schedule(s), overlap_schedule(unpaired));
+    EXPECT_EQ(overlap_schedule(s), baseline_schedule(s));
 }
 
 TEST(Schedule, DenseLayersIssueNoCommunicationNodes) {
@@ -466,6 +633,13 @@ TEST(Schedule, ChunkedSchedulesKeepDependenciesAndAccumulationOrder) {
 TEST(Schedule, ChunksMustBePositive) {
     EXPECT_THROW(baseline_schedule(chunked_shape(1, {true}, false, 0)), std::invalid_argument);
     EXPECT_THROW(overlap_schedule(chunked_shape(1, {true}, false, -2)), std::invalid_argument);
+}
+
+TEST(Schedule, PairedEdgesCapIsTwo) {
+    EXPECT_DOUBLE_EQ(overlap_speedup_cap(2, 1, true), 2.0);
+    EXPECT_DOUBLE_EQ(overlap_speedup_cap(8, 2, true), 2.0);
+    EXPECT_DOUBLE_EQ(overlap_speedup_cap(1, 1, true), overlap_speedup_cap(1, 1));
+    EXPECT_DOUBLE_EQ(overlap_speedup_cap(2, 1, false), 4.0 / 3.0);
 }
 
 TEST(Schedule, SpeedupCapIsTwoNcOverNcPlusOne) {

@@ -168,6 +168,10 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes, nlohmann::js
 nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::json> nodes,
                             std::vector<nlohmann::json> inter_node) {
     const config::Config& c = result.config;
+    // Paired edges are an overlap-schedule setting (the baseline's finalization clears it).
+    bool pair_edges = false;
+    for (const ScheduleRun& r : result.runs)
+        pair_edges = pair_edges || r.config.model.moe_ep_overlap_pair_edges;
     nlohmann::json runs = nlohmann::json::array();
     for (size_t i = 0; i < result.runs.size(); ++i) {
         runs.push_back(run_json(result.runs[i], std::move(nodes[i]), std::move(inter_node[i])));
@@ -214,7 +218,8 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
             // The overlap schedule's speedup cap at comm = compute (schedule.h).
             {"theoretical_cap",
              schedule::overlap_speedup_cap(static_cast<int>(config::num_microbatches(c)),
-                                           c.model.moe_ep_overlap_num_chunks)},
+                                           c.model.moe_ep_overlap_num_chunks, pair_edges)},
+            {"pair_edges", pair_edges},
             {"global_batch_size", config::global_batch_size(c)},
             {"seq_length", c.model.seq_length},
             {"steps_per_run", c.train.train_iters},

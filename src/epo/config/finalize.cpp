@@ -146,6 +146,21 @@ void settle_moe_chunks(ModelConfig& m, std::vector<Finding>& warnings) {
     m.moe_ep_overlap_num_chunks = 1;
 }
 
+// Paired edges reorder the overlap schedule; the baseline has nothing to pair (every
+// micro-batch runs alone, in order), so the field is cleared and a warning says so. A warning
+// and not an error: `epo bench --compare` runs the baseline from the same overrides.
+void settle_pair_edges(ModelConfig& m, std::vector<Finding>& warnings) {
+    if (!m.moe_ep_overlap_pair_edges || m.overlap_moe_expert_parallel_comm)
+        return;
+    warnings.push_back(
+        Finding{"W015", "model.moe_ep_overlap_pair_edges", "true",
+                "paired edges without overlap_moe_expert_parallel_comm: the baseline schedule runs "
+                "every micro-batch alone, so there is nothing to pair and the field is ignored",
+                "set model.moe_ep_overlap_pair_edges=false, or turn on "
+                "comm_overlap.overlap_moe_expert_parallel_comm"});
+    m.moe_ep_overlap_pair_edges = false;
+}
+
 }  // namespace
 
 CommOverlapConfig resolved_model_overlap(const Config& config) {
@@ -204,6 +219,7 @@ FinalizeResult finalize(Config& config) {
     if (config.comm_overlap)
         settle_comm_overlap(config, result.warnings);
     settle_moe_chunks(config.model, result.warnings);
+    settle_pair_edges(config.model, result.warnings);
     return result;
 }
 

@@ -129,6 +129,13 @@ std::optional<int64_t> mem_available() {
 
 }  // namespace
 
+int micro_batches_in_flight(const Config& cfg) {
+    if (!cfg.model.overlap_moe_expert_parallel_comm)
+        return 1;
+    // Paired edges: a combined step (forward i + 2, backward i) holds i, i + 1 and i + 2.
+    return cfg.model.moe_ep_overlap_pair_edges && num_microbatches(cfg) >= 3 ? 3 : 2;
+}
+
 MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size) {
     const Widths w = widths_of(cfg);
     const ParamCounts p = param_counts(cfg, w);
@@ -150,7 +157,7 @@ MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size) {
         const LayerBytes b = layer_bytes(cfg, w, moe);
         per_micro_batch += b.fwd + b.bwd;
     }
-    m.micro_batches_in_flight = cfg.model.overlap_moe_expert_parallel_comm ? 2 : 1;
+    m.micro_batches_in_flight = micro_batches_in_flight(cfg);
     m.activations = m.micro_batches_in_flight * per_micro_batch;
     m.scratch = 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
     return m;

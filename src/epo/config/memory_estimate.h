@@ -12,7 +12,8 @@
 //   packed       P_e * 2c                           (oneDNN-blocked expert weights, one copy for
 //                                                    the forward, one for the input gradient)
 //   activations  in_flight * (L * (fwd + bwd) + output + 8TH)
-//                in_flight = 2 micro-batches for the overlap schedule, 1 for the baseline; every
+//                in_flight = 2 micro-batches for the overlap schedule (3 with paired edges and
+//                3 or more micro-batches per step: schedule.h), 1 for the baseline; every
 //                layer state's arena keeps the capacity of its forward and backward tensors
 //                (fwd, bwd below), the output state its own, and 8TH the two f32 gradient buffers
 //   scratch      the compute stream's largest node: 4TW + cT(Ad) + (4 + c) S^2 + 8TH
@@ -61,6 +62,10 @@ struct MemoryEstimate {
         return parameters + gradients + optimizer + packed + activations + scratch + runtime;
     }
 };
+
+// Micro-batches whose activations a rank holds at once under the finalized configuration's
+// schedule (the header's in_flight).
+int micro_batches_in_flight(const Config& cfg);
 
 // One rank of a job of `world_size` ranks running the finalized configuration `cfg` (its EP
 // rank holds num_moe_experts / EP experts).

@@ -90,6 +90,12 @@ struct ModelConfig {
     // micro-batch's tokens (tokens: the reference's proposal).
     int moe_ep_overlap_num_chunks = 1;
     ChunkSplit moe_ep_overlap_chunk_by = ChunkSplit::kExperts;
+    // The overlap schedule runs the step's first two forwards together and its last two
+    // backwards together, instead of the first forward and the last backward alone, so their
+    // all-to-alls hide under the other micro-batch's compute (docs/design.md "Schedules").
+    // Bit-identical; about 2x the baseline's peak activations (1.4-1.5x unpaired), three
+    // micro-batches in flight with 3 or more per step. Overlap only (W015); PP = 1 (RT030).
+    bool moe_ep_overlap_pair_edges = false;
 
     // Precision.
     bool bf16 = false;
@@ -178,6 +184,7 @@ struct ModelConfig {
         v("moe_permute_fusion", s.moe_permute_fusion);
         v("moe_ep_overlap_num_chunks", s.moe_ep_overlap_num_chunks, positive);
         v("moe_ep_overlap_chunk_by", s.moe_ep_overlap_chunk_by);
+        v("moe_ep_overlap_pair_edges", s.moe_ep_overlap_pair_edges);
         v("bf16", s.bf16);
         v("fp16", s.fp16);
         v("recompute_granularity", s.recompute_granularity);

@@ -40,11 +40,11 @@ const std::vector<FeatureRow>& rows() {
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
              // Its two layouts that do not run have ids of their own (RT028, RT029).
-             return when(c.model.pipeline_model_parallel_size > 1 &&
-                             !c.model.share_embeddings_and_output_weights &&
-                             c.model.moe_ep_overlap_num_chunks <= 1,
-                         "model.pipeline_model_parallel_size",
-                         show(c.model.pipeline_model_parallel_size));
+             return when(
+                 c.model.pipeline_model_parallel_size > 1 &&
+                     !c.model.share_embeddings_and_output_weights &&
+                     c.model.moe_ep_overlap_num_chunks <= 1 && !c.model.moe_ep_overlap_pair_edges,
+                 "model.pipeline_model_parallel_size", show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
         {{"RT003", "context parallelism (CP > 1)", &RC::context_parallel},
@@ -223,6 +223,18 @@ const std::vector<FeatureRow>& rows() {
                  "model.moe_ep_overlap_num_chunks", show(c.model.moe_ep_overlap_num_chunks));
          },
          "set model.moe_ep_overlap_num_chunks=1, or model.pipeline_model_parallel_size=1"},
+        // A pipeline's warm-up and cool-down are its own (pipeline_schedule.h); pairing applies
+        // to the single-stage combined schedule.
+        {{"RT030",
+          "paired edges with pipeline parallelism (the pipeline schedules keep their own warm-up "
+          "and cool-down)",
+          &RC::pipeline_pair_edges},
+         [](C c) {
+             return when(
+                 c.model.pipeline_model_parallel_size > 1 && c.model.moe_ep_overlap_pair_edges,
+                 "model.moe_ep_overlap_pair_edges", "true");
+         },
+         "set model.moe_ep_overlap_pair_edges=false, or model.pipeline_model_parallel_size=1"},
     };
     return table;
 }

@@ -49,6 +49,7 @@ struct RuntimeCapabilities {
     bool virtual_pipeline_one_stage = false;  // RT027
     bool pipeline_tied_embeddings = false;    // RT028
     bool pipeline_token_chunks = false;       // RT029
+    bool pipeline_pair_edges = false;         // RT030
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

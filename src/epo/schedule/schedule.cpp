@@ -76,22 +76,59 @@ struct Builder {
         if (moe(l))
             add(mb, l, NodeKind::kCombine, Phase::kForward);
     }
+    // Micro-batch mb's parameter gathers (schedule.h): only micro-batch 0 gathers. gather(p)
+    // issues the bucket whose lowest position is p, first(p, ...) adds position p's first node,
+    // waiting for that bucket.
+    struct Gathers {
+        Builder& b;
+        int mb;
+        const std::vector<int>& ends;
+        int bucket_starting_at(int position) const {
+            const auto it = std::find(ends.begin(), ends.end(), position);
+            return it == ends.end() ? -1 : static_cast<int>(it - ends.begin());
+        }
+        void gather(int position) const {
+            if (const int k = bucket_starting_at(position); k >= 0)
+                b.add(mb, k, NodeKind::kParamGather, Phase::kForward);
+        }
+        void first(int position, int layer, NodeKind node) const {
+            b.add(mb, layer, node, Phase::kForward, false, bucket_starting_at(position));
+        }
+    };
+    Gathers gathers(int mb) {
+        static const std::vector<int> none;
+        return Gathers{*this, mb, mb == 0 ? shape.param_bucket_ends : none};
+    }
+    // Micro-batch mb's backward buckets (schedule.h): only the step's last backward reduces.
+    // close(p) marks the buckets that end at position p complete, issue() adds the reductions of
+    // every complete bucket not yet issued.
+    struct Reductions {
+        Builder& b;
+        int mb;
+        const std::vector<int>& ends;
+        size_t closed = 0, issued = 0;
+        void close(int position) {
+            while (closed < ends.size() && ends[closed] == position)
+                ++closed;
+        }
+        void issue() {
+            for (; issued < closed; ++issued)
+                b.add(mb, static_cast<int>(issued), NodeKind::kGradReduce, Phase::kBackward);
+        }
+    };
+    Reductions reductions(int mb, bool last) {
+        static const std::vector<int> none;
+        return Reductions{*this, mb, last ? shape.grad_bucket_ends : none};
+    }
+
     // A micro-batch's forward alone. In micro-batch 0's, parameter buckets are gathered
     // (schedule.h): the bucket whose lowest position is p is issued after the first comm call
     // that follows position p-1's first node, and position p's first node waits for it.
     void forward_alone(int mb) {
-        const std::vector<int> none;
-        const std::vector<int>& ends = mb == 0 ? shape.param_bucket_ends : none;
-        const auto bucket_starting_at = [&](int position) {
-            const auto it = std::find(ends.begin(), ends.end(), position);
-            return it == ends.end() ? -1 : static_cast<int>(it - ends.begin());
-        };
-        const auto gather = [&](int position) {
-            if (const int b = bucket_starting_at(position); b >= 0)
-                add(mb, b, NodeKind::kParamGather, Phase::kForward);
-        };
+        const Gathers g = gathers(mb);
+        const auto gather = [&](int position) { g.gather(position); };
         const auto first = [&](int position, int layer, NodeKind node) {
-            add(mb, layer, node, Phase::kForward, false, bucket_starting_at(position));
+            g.first(position, layer, node);
         };
         gather(kEmbeddingPosition);
         first(kEmbeddingPosition, -1, NodeKind::kEmbedding);
@@ -127,17 +164,9 @@ struct Builder {
     // (schedule.h): a bucket that closed is issued behind the comm call that comes right after,
     // or at once if a compute call comes next.
     void backward_alone(int mb, bool last) {
-        const std::vector<int> none;
-        const std::vector<int>& ends = last ? shape.grad_bucket_ends : none;
-        size_t closed = 0, issued = 0;
-        const auto close = [&](int position) {
-            while (closed < ends.size() && ends[closed] == position)
-                ++closed;
-        };
-        const auto issue = [&] {
-            for (; issued < closed; ++issued)
-                add(mb, static_cast<int>(issued), NodeKind::kGradReduce, Phase::kBackward);
-        };
+        Reductions r = reductions(mb, last);
+        const auto close = [&](int position) { r.close(position); };
+        const auto issue = [&] { r.issue(); };
         add(mb, -1, NodeKind::kOutput, Phase::kBackward);
         close(num_layers(shape));
         for (int l = num_layers(shape) - 1; l >= 0; --l) {
@@ -155,6 +184,67 @@ struct Builder {
         add(mb, -1, NodeKind::kEmbedding, Phase::kBackward);
         close(kEmbeddingPosition);
         issue();
+    }
+    // The first two forwards together (pair_edges, schedule.h): layer by layer, each
+    // micro-batch's dispatch runs under the other's compute. Micro-batch a (0) gathers the
+    // parameter buckets as forward_alone does; b's first use of a bucket follows a's on the
+    // compute stream, so it needs no wait of its own.
+    void forward_pair(int a, int b) {
+        const Gathers g = gathers(a);
+        g.gather(kEmbeddingPosition);
+        g.first(kEmbeddingPosition, -1, NodeKind::kEmbedding);
+        g.gather(0);
+        add(b, -1, NodeKind::kEmbedding, Phase::kForward);
+        for (int l = 0; l < num_layers(shape); ++l) {
+            g.first(l, l, NodeKind::kPreDispatch);
+            if (moe(l))
+                add_chunks(a, l, NodeKind::kDispatch, Phase::kForward);
+            g.gather(l + 1);
+            add(b, l, NodeKind::kPreDispatch, Phase::kForward);
+            if (moe(l))
+                add_chunks(b, l, NodeKind::kDispatch, Phase::kForward);
+            for (int mb : {a, b}) {
+                add_chunks(mb, l, NodeKind::kMlp, Phase::kForward);
+                if (moe(l))
+                    add_chunks(mb, l, NodeKind::kCombine, Phase::kForward);
+            }
+        }
+        g.first(num_layers(shape), -1, NodeKind::kOutput);
+        add(b, -1, NodeKind::kOutput, Phase::kForward);
+    }
+    // The last two backwards together (pair_edges), a before b at every node, so each weight
+    // gradient accumulates in micro-batch order; b is the step's last backward and reduces the
+    // buckets as backward_alone does, once b has passed a bucket's last position. Weight
+    // gradients are not delayed here (each micro-batch's communication runs under the other's
+    // compute).
+    void backward_pair(int a, int b) {
+        Reductions r = reductions(b, true);
+        add(a, -1, NodeKind::kOutput, Phase::kBackward);
+        add(b, -1, NodeKind::kOutput, Phase::kBackward);
+        r.close(num_layers(shape));
+        for (int l = num_layers(shape) - 1; l >= 0; --l) {
+            if (moe(l)) {
+                add_chunks(a, l, NodeKind::kCombine, Phase::kBackward);
+                add_chunks(b, l, NodeKind::kCombine, Phase::kBackward);
+                r.issue();
+                for (int mb : {a, b}) {
+                    add_chunks(mb, l, NodeKind::kMlp, Phase::kBackward);
+                    add_chunks(mb, l, NodeKind::kDispatch, Phase::kBackward);
+                }
+            } else {
+                r.issue();
+                add(a, l, NodeKind::kMlp, Phase::kBackward);
+                add(b, l, NodeKind::kMlp, Phase::kBackward);
+            }
+            add(a, l, NodeKind::kPreDispatch, Phase::kBackward);
+            add(b, l, NodeKind::kPreDispatch, Phase::kBackward);
+            r.close(l);
+        }
+        r.issue();
+        add(a, -1, NodeKind::kEmbedding, Phase::kBackward);
+        add(b, -1, NodeKind::kEmbedding, Phase::kBackward);
+        r.close(kEmbeddingPosition);
+        r.issue();
     }
     // One combined step: forward of micro-batch f with backward of micro-batch b.
     void combined_step(int f, int b) {
@@ -272,7 +362,9 @@ int num_moe_chunks(const std::vector<NodeCall>& calls) {
     return n;
 }
 
-double overlap_speedup_cap(int num_micro_batches, int num_moe_chunks) {
+double overlap_speedup_cap(int num_micro_batches, int num_moe_chunks, bool pair_edges) {
+    if (pair_edges && num_micro_batches >= 2)
+        return 2.0;
     const double nc = static_cast<double>(num_micro_batches) * num_moe_chunks;
     return nc > 0 ? 2.0 * nc / (nc + 1.0) : 0.0;
 }
@@ -307,6 +399,13 @@ std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape) {
     const int n = shape.num_micro_batches;
     if (n <= 0)
         return {};
+    if (shape.pair_edges && n >= 2) {
+        b.forward_pair(0, 1);
+        for (int i = 0; i + 2 < n; ++i)
+            b.combined_step(i + 2, i);
+        b.backward_pair(n - 2, n - 1);
+        return b.calls;
+    }
     b.forward_alone(0);
     for (int i = 0; i + 1 < n; ++i)
         b.combined_step(i + 1, i);

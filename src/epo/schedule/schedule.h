@@ -8,7 +8,9 @@
 //             loss, their backward in reverse (weight gradients right after each dgrad)
 //   overlap   (combined 1F1B, PP = 1) forward of micro-batch 0 alone; N-1 combined steps, each
 //             the forward of i+1 with the backward of i, layer j paired with layer L-1-j in the
-//             ten-step order below; the backward of the last micro-batch alone
+//             ten-step order below; the backward of the last micro-batch alone (with pair_edges:
+//             the first two forwards together, N-2 combined steps, the last two backwards
+//             together; "Paired edges" below)
 //
 // Pair order (f = forward micro-batch, b = backward micro-batch):
 //    1 b.combine.backward   2 f.pre_dispatch.forward   3 b.mlp.backward   4 f.dispatch.forward
@@ -37,6 +39,22 @@
 // the bucket starting at layer l+1 (or the output layer) is issued right after layer l's
 // dispatch, so it fills the comm stream's gap while layer l's experts run (after layer l's
 // pre_dispatch for a dense layer, which has no dispatch).
+//
+// Paired edges (pair_edges, N >= 2): the combined schedule leaves the step's first forward and
+// last backward alone, with nothing to hide their communication under. Paired, the first two
+// forwards run together, layer by layer (a = micro-batch 0, b = 1; a's dispatch runs under b's
+// attention, b's under a's experts, a's combine under b's experts, b's under a's next attention):
+//   a.pre_dispatch a.dispatch [gather] b.pre_dispatch b.dispatch a.mlp a.combine b.mlp b.combine
+// then N - 2 combined steps (forward i + 2 with backward i), then the last two backwards
+// together (a = N - 2, b = N - 1):
+//   a.combine b.combine [reduce] a.mlp a.dispatch b.mlp b.dispatch a.pre_dispatch b.pre_dispatch
+// (each backward, weight gradients included: nothing is delayed there). a comes before b at
+// every node, so weight gradients still accumulate in micro-batch order (bit-identical to the
+// baseline). The forward pair ends with two whole forwards' activations held, and from N = 3 on a
+// combined step holds i, i + 1 and i + 2: three micro-batches in flight instead of two (about 2x
+// the baseline's peak activations against 1.4-1.5x unpaired). Micro-batch 0 still gathers
+// the parameters (b's first use follows a's on the compute stream) and b, the last backward,
+// reduces the gradient buckets.
 //
 // MoE chunks (num_moe_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
 // and combine run once per chunk of the micro-batch (a group of the local experts, or of the
@@ -145,6 +163,10 @@ struct ScheduleShape {
     // C: chunks of each micro-batch in a MoE layer's dispatch/mlp/combine
     // (model.moe_ep_overlap_num_chunks); 1: whole micro-batches.
     int num_moe_chunks = 1;
+    // Overlap schedule only: run the first two forwards together and the last two backwards
+    // together instead of the first forward and the last backward alone (header; field
+    // model.moe_ep_overlap_pair_edges). No effect with one micro-batch.
+    bool pair_edges = false;
 };
 
 // The number of MoE chunks a list of calls uses: 1 + the largest moe_chunk (at least 1).
@@ -157,7 +179,9 @@ int num_moe_chunks(const std::vector<NodeCall>& calls);
 // baseline. The overlap schedule runs N - 1 combined steps of P each (the communication hidden)
 // and the unpaired first forward and last backward; there a C-chunk pipeline exposes only its
 // fill and drain, Q / C of the communication. Total N P + P / C. C = 1: 2N / (N + 1).
-double overlap_speedup_cap(int num_micro_batches, int num_moe_chunks);
+// With pair_edges and N >= 2 every phase pairs two micro-batches: cap 2 (each pair's last
+// communication call is exposed, a share that falls with the number of layers).
+double overlap_speedup_cap(int num_micro_batches, int num_moe_chunks, bool pair_edges = false);
 
 // Model positions in backward order: the output layer (L), layers L-1 down to 0, embedding (-1).
 inline constexpr int kEmbeddingPosition = -1;

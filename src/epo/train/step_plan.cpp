@@ -128,6 +128,7 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
     plan.shape = schedule::ScheduleShape{static_cast<int>(config::num_microbatches(cfg)),
                                          shape.moe_layers, m.delay_wgrad_compute};
     plan.shape.num_moe_chunks = m.moe_ep_overlap_num_chunks;  // docs/chunked-overlap.md
+    plan.shape.pair_edges = m.overlap_moe_expert_parallel_comm && m.moe_ep_overlap_pair_edges;
 
     if (plan.reduce_in_buckets || plan.param_gather_overlap) {
         const int num_layers = static_cast<int>(shape.num_layers);
