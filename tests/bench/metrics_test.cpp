@@ -100,6 +100,22 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
                          "communication (25%)"),
               std::string::npos)
         << table;
+    // With paired edges the cap is 2 and named so.
+    const std::string paired = format_table(
+        {{"runs", {run("baseline", nullptr), run("overlap", 1.25)}},
+         {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
+         {"calibration", nullptr},
+         {"num_micro_batches", 2},
+         {"num_chunks", 1},
+         {"pair_edges", true},
+         {"theoretical_cap", schedule::overlap_speedup_cap(2, 1, true)},
+         {"overlap_speedup", 1.45},
+         {"overlap_efficiency", 0.9},
+         {"loss_bitwise_identical", true},
+         {"bitwise_identical", true}});
+    EXPECT_NE(paired.find("theoretical cap with paired edges = 2.00x (N = 2, C = 1)"),
+              std::string::npos)
+        << paired;
 }
 
 TEST(OverlapEfficiency, AgainstTheBound) {

@@ -280,7 +280,10 @@ std::string caps_line(const nlohmann::json& m) {
                             r.value("name", ""), bound->get<double>(), base / bound->get<double>());
             if (m.contains("theoretical_cap")) {
                 const int chunks = m.value("num_chunks", 1);
-                out += fmt::format("; theoretical cap 2NC/(NC+1) = {:.2f}x (N = {}, C = {}{})",
+                const bool paired =
+                    m.value("pair_edges", false) && m.value("num_micro_batches", 0) >= 2;
+                out += fmt::format("; theoretical cap {} = {:.2f}x (N = {}, C = {}{})",
+                                   paired ? "with paired edges" : "2NC/(NC+1)",
                                    m.at("theoretical_cap").get<double>(),
                                    m.value("num_micro_batches", 0), chunks,
                                    chunks > 1 ? " by " + m.value("chunk_by", std::string("experts"))
