@@ -236,6 +236,42 @@ TEST(Plan, FewerMicroBatchesGainLess) {
     EXPECT_NE(two.reason.find("2 micro-batches per step"), std::string::npos) << two.reason;
 }
 
+// Paired edges (docs/paired-edges.md): a plan that leaves the edges alone notes what pairing them
+// would give; a paired configuration is planned with the runtime's paired schedule, which hides
+// more at 2 micro-batches, and its reason no longer blames the unpaired phases.
+TEST(Plan, PairedEdgesAreNotedAndPlannedWithThePairedSchedule) {
+    const Hardware hw = h100();
+    const PlanResult two =
+        make_plan(finalized({"train.global_batch_size=32"}), {hw, default_params(hw.device), {}});
+    ASSERT_EQ(two.num_micro_batches, 2);
+    EXPECT_FALSE(two.pair_edges);
+    bool noted = false;
+    for (const std::string& n : two.notes)
+        noted = noted || n.find("model.moe_ep_overlap_pair_edges=true") != std::string::npos;
+    EXPECT_TRUE(noted);
+    const config::Config cfg =
+        finalized({"train.global_batch_size=32", "model.moe_ep_overlap_pair_edges=true",
+                   "comm_overlap.overlap_moe_expert_parallel_comm=true"});
+    ASSERT_TRUE(cfg.model.moe_ep_overlap_pair_edges);
+    const PlanResult paired = make_plan(cfg, {hw, default_params(hw.device), {}});
+    EXPECT_TRUE(paired.pair_edges);
+    EXPECT_GT(*paired.overlap_speedup, *two.overlap_speedup);
+    EXPECT_EQ(paired.reason.find("unpaired"), std::string::npos) << paired.reason;
+    for (const std::string& n : paired.notes)
+        EXPECT_EQ(n.find("with paired edges"), std::string::npos) << n;
+    // The memory estimate counts two whole micro-batches for any overlap schedule (an upper
+    // bound the paired one reaches at the end of its forward pair); a third from 3 per step on.
+    EXPECT_EQ(paired.runs[1].peak_memory_bytes, two.runs[1].peak_memory_bytes);
+    const PlanResult three =
+        make_plan(finalized({"train.global_batch_size=48", "model.moe_ep_overlap_pair_edges=true",
+                             "comm_overlap.overlap_moe_expert_parallel_comm=true"}),
+                  {hw, default_params(hw.device), {}});
+    const PlanResult three_unpaired =
+        make_plan(finalized({"train.global_batch_size=48"}), {hw, default_params(hw.device), {}});
+    ASSERT_EQ(three.num_micro_batches, 3);
+    EXPECT_GT(three.runs[1].peak_memory_bytes, three_unpaired.runs[1].peak_memory_bytes);
+}
+
 TEST(Plan, CommComputeRatioSetsTheLinkAsEpoBenchDoes) {
     // The baseline's communication at the chosen bandwidth takes R times its compute.
     config::Config cfg = finalized({"env.gpu=cpu"}, 2, 2, 1);

@@ -110,7 +110,7 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
             "little to hide",
             100 * share, base.exposed_comm_s, base.step_time_s);
     }
-    if (r.num_micro_batches <= 2) {
+    if (r.num_micro_batches <= 2 && !r.pair_edges) {
         return fmt::format(
             "{} micro-batches per step: the unpaired first forward and last backward leave "
             "{:.3g} s of the baseline's {:.3g} s communication exposed (more micro-batches per "
@@ -317,8 +317,24 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
         e.extra_memory_bytes = e.peak_memory_bytes - base.peak_memory_bytes;
     }
     r.overlap_speedup = r.runs[1].speedup;
+    r.pair_edges = cfg.model.moe_ep_overlap_pair_edges;
 
     judge(r);
+    // The same overlap with the step's edges paired (docs/paired-edges.md), when the
+    // configuration leaves them alone: a note, so `runs` stays the schedules as configured.
+    if (!r.pair_edges && r.num_micro_batches >= 2) {
+        config::Config paired = with_schedule(cfg, true, false);
+        paired.model.moe_ep_overlap_pair_edges = true;
+        const ScheduleEstimate p = estimate_schedule(paired, r.hardware, r.params, false);
+        const ScheduleEstimate& unpaired = r.runs[1];
+        r.notes.push_back(fmt::format(
+            "with paired edges (model.moe_ep_overlap_pair_edges=true, docs/paired-edges.md) "
+            "overlap would take {:.4g} s, {:.2f}x against {:.2f}x unpaired, and hold {:.3g} GB "
+            "per rank against {:.3g} GB",
+            p.step_time_s, base.step_time_s / p.step_time_s, *unpaired.speedup,
+            static_cast<double>(p.peak_memory_bytes) / 1e9,
+            static_cast<double>(unpaired.peak_memory_bytes) / 1e9));
+    }
     return r;
 }
 

@@ -66,6 +66,7 @@ struct PlanResult {
     Hardware hardware;  // as used (the ratio's bandwidth set)
     CostParams params;
     std::vector<ScheduleEstimate> runs;
+    bool pair_edges = false;                // the overlap schedules pair the step's edges
     std::optional<double> overlap_speedup;  // baseline / "overlap"
     std::string verdict;                    // "pays", "marginal", "does not pay"
     std::string reason;

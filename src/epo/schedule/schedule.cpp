@@ -126,24 +126,20 @@ struct Builder {
     // that follows position p-1's first node, and position p's first node waits for it.
     void forward_alone(int mb) {
         const Gathers g = gathers(mb);
-        const auto gather = [&](int position) { g.gather(position); };
-        const auto first = [&](int position, int layer, NodeKind node) {
-            g.first(position, layer, node);
-        };
-        gather(kEmbeddingPosition);
-        first(kEmbeddingPosition, -1, NodeKind::kEmbedding);
-        gather(0);
+        g.gather(kEmbeddingPosition);
+        g.first(kEmbeddingPosition, -1, NodeKind::kEmbedding);
+        g.gather(0);
         for (int l = 0; l < num_layers(shape); ++l) {
-            first(l, l, NodeKind::kPreDispatch);
+            g.first(l, l, NodeKind::kPreDispatch);
             if (moe(l)) {
                 chunk_nodes(mb, l, Phase::kForward, NodeKind::kDispatch, NodeKind::kMlp,
-                            NodeKind::kCombine, [&] { gather(l + 1); });
+                            NodeKind::kCombine, [&] { g.gather(l + 1); });
             } else {
-                gather(l + 1);
+                g.gather(l + 1);
                 add(mb, l, NodeKind::kMlp, Phase::kForward);
             }
         }
-        first(num_layers(shape), -1, NodeKind::kOutput);
+        g.first(num_layers(shape), -1, NodeKind::kOutput);
     }
     void check_bucket_ends(const std::vector<int>& ends, const char* name) const {
         const bool ordered = std::is_sorted(ends.rbegin(), ends.rend()) &&
@@ -165,25 +161,23 @@ struct Builder {
     // or at once if a compute call comes next.
     void backward_alone(int mb, bool last) {
         Reductions r = reductions(mb, last);
-        const auto close = [&](int position) { r.close(position); };
-        const auto issue = [&] { r.issue(); };
         add(mb, -1, NodeKind::kOutput, Phase::kBackward);
-        close(num_layers(shape));
+        r.close(num_layers(shape));
         for (int l = num_layers(shape) - 1; l >= 0; --l) {
             if (moe(l)) {
                 chunk_nodes(mb, l, Phase::kBackward, NodeKind::kCombine, NodeKind::kMlp,
-                            NodeKind::kDispatch, issue);
+                            NodeKind::kDispatch, [&] { r.issue(); });
             } else {
-                issue();
+                r.issue();
                 add(mb, l, NodeKind::kMlp, Phase::kBackward);
             }
             add(mb, l, NodeKind::kPreDispatch, Phase::kBackward);
-            close(l);
+            r.close(l);
         }
-        issue();
+        r.issue();
         add(mb, -1, NodeKind::kEmbedding, Phase::kBackward);
-        close(kEmbeddingPosition);
-        issue();
+        r.close(kEmbeddingPosition);
+        r.issue();
     }
     // The first two forwards together (pair_edges, schedule.h): layer by layer, each
     // micro-batch's dispatch runs under the other's compute. Micro-batch a (0) gathers the
