@@ -114,7 +114,7 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
         return fmt::format(
             "{} micro-batches per step: the unpaired first forward and last backward leave "
             "{:.3g} s of the baseline's {:.3g} s communication exposed (more micro-batches per "
-            "rank hide more)",
+            "rank hide more, and so does pairing the edges: note below)",
             r.num_micro_batches, best.exposed_comm_s, base.exposed_comm_s);
     }
     const double a2a_compute = base.compute_s - base.optimizer_s;
