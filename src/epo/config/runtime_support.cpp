@@ -39,7 +39,7 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             // Its two layouts that do not run have ids of their own (RT028, RT029).
+             // The layouts of it that do not run have ids of their own (RT028, RT029, RT030).
              return when(
                  c.model.pipeline_model_parallel_size > 1 &&
                      !c.model.share_embeddings_and_output_weights &&
