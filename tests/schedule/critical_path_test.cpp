@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 namespace epo::schedule {
 namespace {
 
@@ -137,6 +141,28 @@ TEST(CriticalPath, PairedEdgesHideTheEdgesCommunication) {
         m.pair_edges = true;
         EXPECT_LT(critical_path_seconds(overlap_schedule(m), dur), plain) << "delay " << delay;
     }
+}
+
+// The backward pair's reductions go behind the last MoE layer's dispatches. The test above's
+// step with two buckets (the output layer; layer 0 and the embedding), a reduction taking 2 s:
+// bucket 0 runs [13,15] under the attention backward (b.dispatch ends at 13), bucket 1 [16,18]
+// after the last embedding backward: 18 s. In front of the dispatches (the order a backward
+// alone uses) bucket 0 would run [11,13] and hold both dispatches back by 2 s: 20 s.
+TEST(CriticalPath, PairedReductionsDoNotHoldTheLastDispatches) {
+    ScheduleShape s{2, {true}, false};
+    s.pair_edges = true;
+    s.grad_bucket_ends = {1, kEmbeddingPosition};
+    const auto dur = [](const NodeCall& c) { return c.node == NodeKind::kGradReduce ? 2.0 : 1.0; };
+    std::vector<NodeCall> calls = overlap_schedule(s);
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 18.0);
+    const auto named = [&](const std::string& name) {
+        return std::find_if(calls.begin(), calls.end(),
+                            [&](const NodeCall& c) { return call_name(c) == name; });
+    };
+    const NodeCall reduce = *named("mb1.bucket0.grad_reduce");
+    calls.erase(named("mb1.bucket0.grad_reduce"));
+    calls.insert(named("mb1.layer0.combine.backward") + 1, reduce);
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 20.0);
 }
 
 // With one micro-batch the unchunked overlap schedule is the baseline; chunks make it faster.

@@ -207,10 +207,13 @@ struct Builder {
         add(b, -1, NodeKind::kOutput, Phase::kForward);
     }
     // The last two backwards together (pair_edges), a before b at every node, so each weight
-    // gradient accumulates in micro-batch order; b is the step's last backward and reduces the
-    // buckets as backward_alone does, once b has passed a bucket's last position. Weight
-    // gradients are not delayed here (each micro-batch's communication runs under the other's
-    // compute).
+    // gradient accumulates in micro-batch order; b is the step's last backward and reduces a
+    // bucket once b has passed its last position. Weight gradients are not delayed here (each
+    // micro-batch's communication runs under the other's compute). The pair keeps the comm
+    // stream busy, so a reduction cannot fill a gap as in backward_alone: it goes behind a MoE
+    // layer's two dispatches, which the layer's attention backward needs next, and delays the
+    // next layer's combines instead; behind the last MoE layer's dispatches it runs under the
+    // attention backward and delays nothing.
     void backward_pair(int a, int b) {
         Reductions r = reductions(b, true);
         add(a, -1, NodeKind::kOutput, Phase::kBackward);
@@ -220,11 +223,11 @@ struct Builder {
             if (moe(l)) {
                 add_chunks(a, l, NodeKind::kCombine, Phase::kBackward);
                 add_chunks(b, l, NodeKind::kCombine, Phase::kBackward);
-                r.issue();
                 for (int mb : {a, b}) {
                     add_chunks(mb, l, NodeKind::kMlp, Phase::kBackward);
                     add_chunks(mb, l, NodeKind::kDispatch, Phase::kBackward);
                 }
+                r.issue();
             } else {
                 r.issue();
                 add(a, l, NodeKind::kMlp, Phase::kBackward);

@@ -47,14 +47,16 @@
 //   a.pre_dispatch a.dispatch [gather] b.pre_dispatch b.dispatch a.mlp a.combine b.mlp b.combine
 // then N - 2 combined steps (forward i + 2 with backward i), then the last two backwards
 // together (a = N - 2, b = N - 1):
-//   a.combine b.combine [reduce] a.mlp a.dispatch b.mlp b.dispatch a.pre_dispatch b.pre_dispatch
+//   a.combine b.combine a.mlp a.dispatch b.mlp b.dispatch [reduce] a.pre_dispatch b.pre_dispatch
 // (each backward, weight gradients included: nothing is delayed there). a comes before b at
 // every node, so weight gradients still accumulate in micro-batch order (bit-identical to the
 // baseline). The forward pair ends with two whole forwards' activations held, and from N = 3 on a
 // combined step holds i, i + 1 and i + 2: three micro-batches in flight instead of two (about 2x
 // the baseline's peak activations against 1.4-1.5x unpaired). Micro-batch 0 still gathers
 // the parameters (b's first use follows a's on the compute stream) and b, the last backward,
-// reduces the gradient buckets.
+// reduces the gradient buckets: behind a MoE layer's two dispatches, not in front of them as
+// alone (the pair leaves the comm stream no gap; behind the last layer's dispatches a reduction
+// runs under the attention backward and delays no all-to-all).
 //
 // MoE chunks (num_moe_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
 // and combine run once per chunk of the micro-batch (a group of the local experts, or of the
