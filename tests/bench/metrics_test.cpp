@@ -80,18 +80,23 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
                               {"params_match_baseline", true},
                               {"baseline_differences", ""}};
     };
-    const std::string table = format_table(
-        {{"runs", {run("baseline", nullptr), run("overlap", 1.25)}},
-         {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
-         {"calibration", nullptr},
-         {"num_micro_batches", 2},
-         {"num_chunks", 2},
-         {"chunk_by", "tokens"},
-         {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)},
-         {"overlap_speedup", 1.45},
-         {"overlap_efficiency", 0.9},
-         {"loss_bitwise_identical", true},
-         {"bitwise_identical", true}});
+    // A 2-micro-batch metrics.json with the schedule fields `schedule` adds.
+    const auto table_of = [&](nlohmann::json schedule) {
+        nlohmann::json m = {
+            {"runs", {run("baseline", nullptr), run("overlap", 1.25)}},
+            {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
+            {"calibration", nullptr},
+            {"num_micro_batches", 2},
+            {"overlap_speedup", 1.45},
+            {"overlap_efficiency", 0.9},
+            {"loss_bitwise_identical", true},
+            {"bitwise_identical", true}};
+        m.update(schedule);
+        return format_table(m);
+    };
+    const std::string table = table_of({{"num_chunks", 2},
+                                        {"chunk_by", "tokens"},
+                                        {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)}});
     EXPECT_NE(table.find("overlap: critical-path bound 1.250 s = at most 1.60x; theoretical cap "
                          "2NC/(NC+1) = 1.60x (N = 2, C = 2 by tokens)"),
               std::string::npos)
@@ -101,18 +106,10 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
               std::string::npos)
         << table;
     // With paired edges the cap is 2 and named so.
-    const std::string paired = format_table(
-        {{"runs", {run("baseline", nullptr), run("overlap", 1.25)}},
-         {"link", {{"inter_node_gbps", 0.44}, {"intra_node_gbps", 0.0}, {"latency_us", 0.0}}},
-         {"calibration", nullptr},
-         {"num_micro_batches", 2},
-         {"num_chunks", 1},
-         {"pair_edges", true},
-         {"theoretical_cap", schedule::overlap_speedup_cap(2, 1, true)},
-         {"overlap_speedup", 1.45},
-         {"overlap_efficiency", 0.9},
-         {"loss_bitwise_identical", true},
-         {"bitwise_identical", true}});
+    const std::string paired =
+        table_of({{"num_chunks", 1},
+                  {"pair_edges", true},
+                  {"theoretical_cap", schedule::overlap_speedup_cap(2, 1, true)}});
     EXPECT_NE(paired.find("theoretical cap with paired edges = 2.00x (N = 2, C = 1)"),
               std::string::npos)
         << paired;

@@ -112,10 +112,12 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
     }
     if (r.num_micro_batches <= 2 && !r.pair_edges) {
         return fmt::format(
-            "{} micro-batches per step: the unpaired first forward and last backward leave "
+            "{} micro-batch{} per step: the unpaired first forward and last backward leave "
             "{:.3g} s of the baseline's {:.3g} s communication exposed (more micro-batches per "
-            "rank hide more, and so does pairing the edges: note below)",
-            r.num_micro_batches, best.exposed_comm_s, base.exposed_comm_s);
+            "rank hide more{})",
+            r.num_micro_batches, r.num_micro_batches == 1 ? "" : "es", best.exposed_comm_s,
+            base.exposed_comm_s,
+            r.num_micro_batches >= 2 ? ", and so does pairing the edges: note below" : "");
     }
     const double a2a_compute = base.compute_s - base.optimizer_s;
     if (base.alltoall_s > 1.5 * a2a_compute) {
