@@ -29,6 +29,7 @@ struct PlanArgs {
     double peak_bf16_tflops = 0, memory_tbps = 0, memory_gb = 0;
     double comm_compute_ratio = 0;
     std::string calibration;
+    std::string expert_load_imbalance;
     std::string calibrate;
     std::string out;
     int calibrate_threads = 2;
@@ -75,6 +76,11 @@ void run_plan(const PlanArgs& args) {
         run_calibrate(args);
         return;
     }
+    // A usage error before any work.
+    const plan::ExpertLoadImbalance expert_load =
+        args.expert_load_imbalance.empty()
+            ? plan::ExpertLoadImbalance{}
+            : plan::parse_expert_load_imbalance(args.expert_load_imbalance);
     bool proxy = false;
     const config::ConfigSources sources = bench::with_default_model(
         config_sources(*args.cmd, args.model, args.positional, args.harness), &proxy);
@@ -117,6 +123,7 @@ void run_plan(const PlanArgs& args) {
         n.source = "comm.link.* of the configuration (the link model)";
         options.params.link_efficiency = 1;  // the link model holds exactly its time
     }
+    options.expert_load = expert_load;
     options.comm_compute_ratio = given(args, "--comm_compute_ratio", args.comm_compute_ratio);
     if (!options.comm_compute_ratio && proxy && !network_given)
         options.comm_compute_ratio = 1;  // as epo bench calibrates its embedded proxy
@@ -163,6 +170,10 @@ void add_plan_command(CLI::App& app) {
                     "as epo bench --comm_compute_ratio does (default 1 for the embedded proxy)");
     cmd->add_option("--calibration", args->calibration,
                     "load the efficiency parameters (and cpu figures) from FILE");
+    cmd->add_option("--expert_load_imbalance", args->expert_load_imbalance,
+                    "the busiest EP rank's routed rows over the mean: a number >= 1 for every "
+                    "MoE layer, or an epo bench run directory (its measured expert_load); "
+                    "default 1, balanced");
     cmd->add_option("--calibrate", args->calibrate,
                     "kernels: measure this machine's products and element-wise kernels, write "
                     "--out FILE, plan nothing");

@@ -114,6 +114,28 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
         EXPECT_EQ(r.at("steps_completed"), 8);  // 2 repeats x 4 steps
     }
     EXPECT_EQ(m.at("runs")[0].at("name"), "baseline");
+    // The expert load: every MoE layer's routed rows per step (one EP group: every token of the
+    // global batch, top-k times) over the EP ranks, and the busiest over the mean.
+    const config::ModelConfig& mc = result.config.model;
+    const double rows = 8.0 * comm::current_world_size() * 32 * mc.moe_router_topk;
+    ASSERT_FALSE(m.at("expert_load").is_null());
+    int moe_layers = 0;
+    for (bool moe : config::moe_layer_pattern(mc))
+        moe_layers += moe ? 1 : 0;
+    ASSERT_EQ(m.at("expert_load").at("layers").size(), static_cast<size_t>(moe_layers));
+    for (const auto& layer : m.at("expert_load").at("layers")) {
+        const auto per_rank = layer.at("rows_per_ep_rank").get<std::vector<double>>();
+        ASSERT_EQ(per_rank.size(), static_cast<size_t>(comm::current_world_size()));
+        double sum = 0, top = 0;
+        for (double r : per_rank) {
+            sum += r;
+            top = std::max(top, r);
+        }
+        EXPECT_DOUBLE_EQ(sum, rows);
+        EXPECT_DOUBLE_EQ(layer.at("imbalance").get<double>(), top / (sum / per_rank.size()));
+    }
+    EXPECT_NE(log.str().find("expert load (rows of the busiest EP rank's experts"),
+              std::string::npos);
     EXPECT_GT(m.at("overlap_speedup").get<double>(), 0);
     EXPECT_TRUE(m.contains("overlap_efficiency"));
     EXPECT_TRUE(m.at("loss_bitwise_identical").get<bool>());

@@ -34,3 +34,9 @@ epo_cli_test(plan_calibrate_what 2 "use --calibrate kernels" RUN plan --calibrat
 epo_cli_test(plan_calibrate_no_out 2 "needs --out FILE" RUN plan --calibrate kernels)
 epo_cli_test(plan_missing_calibration 1 "cannot open the file" RUN
              plan ${_epo_qwen_h100} --calibration /nonexistent/cal.json)
+epo_cli_test(plan_expert_load 0 "expert load: 1.2 for every MoE layer" RUN
+             plan ${_epo_qwen_h100} --expert_load_imbalance 1.2)
+epo_cli_test(plan_bad_expert_load 2 "--expert_load_imbalance 0.5: an imbalance is at least 1"
+             "give a number >= 1" RUN plan ${_epo_qwen_h100} --expert_load_imbalance 0.5)
+epo_cli_test(plan_expert_load_not_a_run 2 "neither a number nor a readable file" RUN
+             plan ${_epo_qwen_h100} --expert_load_imbalance /nonexistent/run)

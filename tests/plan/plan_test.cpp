@@ -131,6 +131,54 @@ TEST(PlanCost, DispatchMovesTheRoutedRowsByNode) {
                 static_cast<double>(w.bytes.inter_sent) / 50e9 + 2 * 10e-6, 1e-12);
 }
 
+// The busiest EP rank (docs/plan.md "Expert load"): its experts compute f times the mean rows
+// and its all-to-alls move f times the mean bytes; the router's permutation of the rank's own
+// tokens and the dense calls stay as they are.
+TEST(PlanCost, ExpertLoadImbalanceChargesTheBusiestRank) {
+    const config::Config cfg = finalized({});
+    const model::GptShape shape = model::gpt_shape_from_config(cfg, 16, 0);
+    const train::StepPlan sp = train::make_step_plan(cfg, shape);
+    const PlanModel even = make_plan_model(cfg, sp, h100().device, false);
+    ExpertLoadImbalance load;
+    load.all = 1.5;
+    const PlanModel busy = make_plan_model(cfg, sp, h100().device, false, load);
+    const auto call = [](schedule::NodeKind kind, schedule::Phase phase) {
+        return NodeCall{0, 3, kind, phase};
+    };
+    using schedule::NodeKind;
+    using schedule::Phase;
+    for (Phase phase : {Phase::kForward, Phase::kBackward}) {
+        const NodeWork a = node_work(even, call(NodeKind::kMlp, phase));
+        const NodeWork b = node_work(busy, call(NodeKind::kMlp, phase));
+        ASSERT_EQ(a.gemms.size(), b.gemms.size());
+        for (size_t i = 0; i < a.gemms.size(); ++i) {
+            EXPECT_DOUBLE_EQ(b.gemms[i].m, 1.5 * a.gemms[i].m);
+            EXPECT_DOUBLE_EQ(b.gemms[i].count, a.gemms[i].count);
+        }
+        EXPECT_DOUBLE_EQ(b.elementwise_bytes, 1.5 * a.elementwise_bytes);
+        for (NodeKind k : {NodeKind::kDispatch, NodeKind::kCombine}) {
+            const NodeWork x = node_work(even, call(k, phase));
+            const NodeWork y = node_work(busy, call(k, phase));
+            EXPECT_NEAR(static_cast<double>(y.bytes.inter_recv),
+                        1.5 * static_cast<double>(x.bytes.inter_recv), 2.0);
+            EXPECT_NEAR(static_cast<double>(y.bytes.intra_sent),
+                        1.5 * static_cast<double>(x.bytes.intra_sent), 2.0);
+        }
+        const NodeWork p = node_work(even, call(NodeKind::kPreDispatch, phase));
+        const NodeWork q = node_work(busy, call(NodeKind::kPreDispatch, phase));
+        EXPECT_DOUBLE_EQ(q.elementwise_bytes, p.elementwise_bytes);
+        EXPECT_EQ(q.gemms.size(), p.gemms.size());
+    }
+    // A per-layer list applies layer by layer.
+    load.per_moe_layer.assign(static_cast<size_t>(shape.num_layers), 1.0);
+    load.per_moe_layer[3] = 2.0;
+    const PlanModel one = make_plan_model(cfg, sp, h100().device, false, load);
+    EXPECT_DOUBLE_EQ(node_work(one, call(NodeKind::kMlp, Phase::kForward)).gemms[0].m,
+                     2 * node_work(even, call(NodeKind::kMlp, Phase::kForward)).gemms[0].m);
+    EXPECT_DOUBLE_EQ(node_work(one, NodeCall{0, 2, NodeKind::kMlp, Phase::kForward}).gemms[0].m,
+                     node_work(even, NodeCall{0, 2, NodeKind::kMlp, Phase::kForward}).gemms[0].m);
+}
+
 // A chunked MoE layer's calls (docs/chunked-overlap.md) split the micro-batch's work: together
 // the C chunks' calls do the products and move the bytes of the one whole call. By experts each
 // chunk runs L / C experts on their whole rows; by tokens every expert on 1 / C of its rows.
@@ -279,6 +327,48 @@ TEST(Plan, CommComputeRatioSetsTheLinkAsEpoBenchDoes) {
     CostParams p = default_params(hw.device);
     const PlanResult r = make_plan(cfg, {hw, p, 2.0});
     EXPECT_NEAR(r.runs[0].comm_s / r.runs[0].compute_s, 2.0, 0.05);
+}
+
+TEST(Plan, ExpertLoadSlowsTheStepAndIsReported) {
+    const Hardware hw = h100();
+    const config::Config cfg = finalized({});
+    const PlanResult even = make_plan(cfg, {hw, default_params(hw.device), {}});
+    PlanOptions o{hw, default_params(hw.device), {}};
+    o.expert_load = parse_expert_load_imbalance("1.2");
+    const PlanResult busy = make_plan(cfg, o);
+    for (size_t i = 0; i < even.runs.size(); ++i) {
+        EXPECT_GT(busy.runs[i].step_time_s, even.runs[i].step_time_s) << even.runs[i].name;
+        EXPECT_GT(busy.runs[i].alltoall_s, 1.15 * even.runs[i].alltoall_s) << even.runs[i].name;
+    }
+    ASSERT_EQ(busy.load_imbalance.size(), 48u);  // every layer of qwen3-30b-a3b is MoE
+    EXPECT_DOUBLE_EQ(busy.load_imbalance[7], 1.2);
+    EXPECT_DOUBLE_EQ(even.load_imbalance[7], 1.0);
+}
+
+TEST(Plan, RefusesAnExpertLoadThatDoesNotFitTheModel) {
+    const Hardware hw = h100();
+    const auto refusal = [&](ExpertLoadImbalance load, int ep) {
+        PlanOptions o{hw, default_params(hw.device), {}};
+        o.expert_load = std::move(load);
+        try {
+            make_plan(finalized({}, ep), o);
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+            return std::string(e.what());
+        }
+        ADD_FAILURE() << "planned";
+        return std::string();
+    };
+    ExpertLoadImbalance two;  // a run of a 2-layer proxy, against the 48 MoE layers
+    two.per_moe_layer = {1.3, 1.1};
+    two.source = "runs/proxy/metrics.json";
+    const std::string e = refusal(two, 16);
+    EXPECT_NE(e.find("lists 2 MoE layer(s), the planned model has 48"), std::string::npos) << e;
+    EXPECT_NE(e.find("give one number for every layer"), std::string::npos) << e;
+    ExpertLoadImbalance high;
+    high.all = 3;  // EP 2: one rank receiving everything is an imbalance of 2
+    const std::string h = refusal(high, 2);
+    EXPECT_NE(h.find("above the EP size 2"), std::string::npos) << h;
 }
 
 TEST(Plan, RefusesWhatItDoesNotModel) {

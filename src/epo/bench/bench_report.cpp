@@ -11,6 +11,7 @@
 #include "epo/core/error.h"
 #include "epo/moe/flex_layout.h"
 #include "epo/plan/cost_model.h"
+#include "epo/plan/expert_load.h"
 #include "epo/schedule/schedule.h"
 
 namespace epo::bench {
@@ -101,6 +102,21 @@ nlohmann::json inter_node_json(const ScheduleRun& r, const std::vector<std::stri
             {"dispatch_combine_bytes_per_step", bytes}};
 }
 
+// The table's line for the routing's expert load ("" without one).
+std::string expert_load_line(const nlohmann::json& m) {
+    const auto it = m.find("expert_load");
+    if (it == m.end() || it->is_null())
+        return "";
+    std::string layers;
+    for (const auto& l : it->at("layers"))
+        layers += fmt::format("{}layer {} {:.3f}", layers.empty() ? "" : ", ",
+                              l.at("layer").get<int>(), l.at("imbalance").get<double>());
+    return fmt::format(
+        "expert load (rows of the busiest EP rank's experts / the mean, per step): {}; plan with "
+        "it: epo plan --expert_load_imbalance RUN_DIR\n",
+        layers);
+}
+
 // The table's line for each flex run's inter-node traffic.
 std::string inter_node_line(const nlohmann::json& m) {
     std::string out;
@@ -165,8 +181,27 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes, nlohmann::js
             {"inter_node", std::move(inter_node)}};
 }
 
+// Rank 0: the expert load of a run from every rank's routed rows (bench_run.h routed_counts),
+// per step and EP group (plan/expert_load.h); null without MoE layers or with PP > 1.
+nlohmann::json expert_load_of(const ScheduleRun& r, const std::vector<std::string>& ranks) {
+    std::vector<std::vector<int64_t>> sum;
+    for (const std::string& part : ranks) {
+        const auto counts = nlohmann::json::parse(part).get<std::vector<std::vector<int64_t>>>();
+        sum.resize(std::max(sum.size(), counts.size()));
+        for (size_t l = 0; l < counts.size(); ++l) {
+            sum[l].resize(std::max(sum[l].size(), counts[l].size()), 0);
+            for (size_t e = 0; e < counts[l].size(); ++e)
+                sum[l][e] += counts[l][e];
+        }
+    }
+    const int ep = std::max(1, r.config.model.expert_model_parallel_size);
+    const int groups = std::max<int>(1, static_cast<int>(ranks.size()) / ep);
+    return plan::expert_load_json(
+        plan::expert_load(sum, ep, groups, static_cast<int64_t>(r.measured.size())));
+}
+
 nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::json> nodes,
-                            std::vector<nlohmann::json> inter_node) {
+                            std::vector<nlohmann::json> inter_node, nlohmann::json expert_load) {
     const config::Config& c = result.config;
     // Paired edges are an overlap-schedule setting (the baseline's finalization clears it).
     bool pair_edges = false;
@@ -230,6 +265,7 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
               {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
               {"latency_us", c.comm.link.latency_us.value_or(0.0)}}},
             {"calibration", calibration},
+            {"expert_load", std::move(expert_load)},
             {"runs", runs},
             {"overlap_speedup", optional_json(result.overlap_speedup)},
             {"overlap_efficiency", optional_json(result.overlap_efficiency)},
@@ -368,6 +404,7 @@ std::string format_table(const nlohmann::json& m) {
         }
     }
     out += caps_line(m);
+    out += expert_load_line(m);
     out += inter_node_line(m);
     out += fmt::format(
         "overlap speedup (baseline / overlap, medians): {}; overlap efficiency: "
@@ -394,10 +431,25 @@ void write_bench_outputs(const BenchResult& result, std::ostream& out) {
         gather_trace(trace, r.measured_records.empty() ? kNone : r.measured_records.back(),
                      timeout_s, r.schedule.name);
     }
+    // Every schedule routes bit-identically: the expert load is the baseline's (the first run's
+    // when there is none).
+    const ScheduleRun* routing = result.runs.empty() ? nullptr : &result.runs.front();
+    for (const ScheduleRun& r : result.runs) {
+        if (r.schedule.name == "baseline")
+            routing = &r;
+    }
+    nlohmann::json expert_load = nullptr;
+    if (routing) {
+        const auto parts =
+            gather_strings_to_root(nlohmann::json(routing->routed_counts).dump(), timeout_s);
+        if (comm::current_world_rank() == 0)
+            expert_load = expert_load_of(*routing, parts);
+    }
     if (comm::current_world_rank() != 0) {
         return;
     }
-    const nlohmann::json metrics = metrics_json(result, std::move(nodes), std::move(inter_node));
+    const nlohmann::json metrics =
+        metrics_json(result, std::move(nodes), std::move(inter_node), std::move(expert_load));
     const nlohmann::json trace_doc = trace_json(trace);
     write_file(result.run_dir / "metrics.json", metrics.dump(2) + "\n");
     write_file(result.run_dir / "trace.json", trace_doc.dump() + "\n");

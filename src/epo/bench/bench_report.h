@@ -22,6 +22,9 @@
 //   only), bitwise_identical (losses, grad norms and final parameters of every run),
 //   link {inter_node_gbps, intra_node_gbps, latency_us}, calibration (or null; bytes per step
 //   of the all-to-alls, gradient reductions, parameter gathers and optimizer-step reductions),
+//   expert_load (or null: no MoE layer, or PP > 1) {layers[] {layer, rows_per_ep_rank[],
+//   imbalance}, mean_imbalance}: the baseline's routing over its measured steps
+//   (plan/expert_load.h),
 //   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,
 //   warmup_steps, repeats, wall_time_s, completed
 //

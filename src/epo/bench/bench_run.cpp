@@ -124,6 +124,25 @@ std::optional<double> calibration_ratio(const BenchOptions& options, bool proxy)
 
 namespace {
 
+// The step's routing (bench_run.h ScheduleRun::routed_counts). With PP > 1 each stage holds its
+// own layers; the expert load is then not recorded.
+void add_routed_counts(ScheduleRun& run, train::Trainer& trainer) {
+    if (run.config.model.pipeline_model_parallel_size > 1)
+        return;
+    const std::vector<model::LayerStepStats>& stats = trainer.model().layer_stats();
+    const std::vector<bool>& moe = trainer.shape().moe_layers;
+    run.routed_counts.resize(stats.size());
+    for (size_t l = 0; l < stats.size(); ++l) {
+        if (l >= moe.size() || !moe[l])
+            continue;
+        const std::vector<int64_t>& c = stats[l].routed_counts;
+        std::vector<int64_t>& sum = run.routed_counts[l];
+        sum.resize(c.size(), 0);
+        for (size_t e = 0; e < c.size(); ++e)
+            sum[e] += c[e];
+    }
+}
+
 LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm::JobShape& job,
                           Logs& logs) {
     const BenchSchedule base{"baseline", false, false};
@@ -617,6 +636,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
                     run.measured.push_back(m);
                     add_node_stats(run.nodes, r.records);
                     run.inter_node_copies += copies;
+                    add_routed_counts(run, trainer);
                     run.measured_records.push_back(std::move(r.records));
                 }
                 const double elapsed = since(measure_t0);

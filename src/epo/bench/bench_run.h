@@ -107,6 +107,9 @@ struct ScheduleRun {
     // Flex runs: this rank's inter-node token copies (moe/flex_layout.h), summed over the
     // measured steps; zero for alltoall.
     moe::flex::InterNodeCopies inter_node_copies;
+    // This rank's routed rows per layer and expert (model/transformer_layer.h LayerStepStats),
+    // summed over the measured steps; [layer] empty for dense layers, all empty with PP > 1.
+    std::vector<std::vector<int64_t>> routed_counts;
     std::vector<std::vector<runtime::TaskRecord>> measured_records;  // this rank, per step
     std::vector<schedule::NodeCall> calls;
     CallDurations durations;  // this rank: medians over measured steps

@@ -58,6 +58,13 @@ comm::ByteCounts group_bytes(double bytes, bool crosses_nodes) {
     return b;
 }
 
+// The expert load imbalance of the call's layer (1 for dense layers and for whole-model calls).
+double imbalance_at(const PlanModel& m, int layer) {
+    return layer >= 0 && static_cast<size_t>(layer) < m.load_imbalance.size()
+               ? m.load_imbalance[static_cast<size_t>(layer)]
+               : 1.0;
+}
+
 // How many equal chunks a MoE layer's dispatch/mlp/combine call is one of (1 for a whole call).
 double chunk_share(const PlanModel& m, const NodeCall& call) {
     return call.moe_chunk >= 0 ? static_cast<double>(m.shape.moe.num_chunks) : 1.0;
@@ -81,7 +88,8 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
     const double d = static_cast<double>(s.attn.head_dim);
     const bool moe = call.layer >= 0 && s.moe_layers[static_cast<size_t>(call.layer)];
     const double E = static_cast<double>(s.moe.num_experts), k = static_cast<double>(s.moe.topk);
-    const double R = T * k;  // routed rows this rank sends, and (uniform routing) receives
+    // Routed rows the busiest EP rank's experts receive (T k under balanced routing).
+    const double R = T * k * imbalance_at(m, call.layer);
     ForwardWork w;
     switch (call.node) {
         case NodeKind::kEmbedding:
@@ -100,7 +108,8 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
                 + (m.fused_attention ? 0.0 : B * A * S * S * (8 + c) * m.attention_fraction);
             if (moe) {
                 w.weight_gemms.push_back({T, E, H});
-                w.elementwise_bytes += 2 * R * H * c + T * E * 12;  // permute rows, top-k
+                // Permuting this rank's own T k rows (balanced on the sending side), top-k.
+                w.elementwise_bytes += 2 * T * k * H * c + T * E * 12;
                 // The shared expert runs here, beside the router (moe_block.cpp).
                 if (s.moe.shared_expert_size > 0) {
                     const double Fs = static_cast<double>(s.moe.shared_expert_size);
@@ -218,7 +227,7 @@ double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes) {
 }
 
 PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
-                          const DeviceSpec& device, bool flex) {
+                          const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load) {
     PlanModel m;
     const config::ModelConfig& mc = cfg.model;
     m.ep_size = std::max(1, mc.expert_model_parallel_size);
@@ -234,6 +243,12 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     m.edp_size = plan.edp_size;
     m.dp_crosses_nodes = m.edp_crosses_nodes = m.num_nodes > 1;
     m.distributed_optimizer = plan.distributed_optimizer;
+    m.load_imbalance.assign(static_cast<size_t>(m.shape.num_layers), 1.0);
+    int moe_index = 0;
+    for (size_t l = 0; l < m.load_imbalance.size(); ++l) {
+        if (m.shape.moe_layers[l])
+            m.load_imbalance[l] = load.of(moe_index++);
+    }
     for (const train::PlanBucket& bucket : plan.buckets) {
         int64_t dense = 0, expert = 0;
         for (int position : bucket.positions) {
@@ -258,9 +273,11 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             NodeWork w;
             // Dispatch moves a row and its probability (and exchanges the counts first); combine
             // moves the rows back. Their backward moves the same bytes the other way.
-            // A chunk's call moves its share of the rows.
+            // A chunk's call moves its share of the rows; the busiest rank moves f times the
+            // mean.
             const bool dispatch = call.node == NodeKind::kDispatch;
-            w.bytes = scaled(routed_bytes(m, H * c + (dispatch ? 4 : 0)), 1 / chunk_share(m, call));
+            w.bytes = scaled(routed_bytes(m, H * c + (dispatch ? 4 : 0)),
+                             imbalance_at(m, call.layer) / chunk_share(m, call));
             w.num_collectives = dispatch ? 2 : 1;
             return w;
         }

@@ -21,17 +21,19 @@
 //            24 for flex (DeepEP's default of 24 SMs); on cpu 0 (the link model's waiting thread
 //            sleeps)
 //
-// Work per micro-batch and rank (letters as in model/gpt_model.h; T tokens, R = T k routed rows,
-// uniform routing: every rank receives R rows, each local expert R / E_local):
+// Work per micro-batch and rank (letters as in model/gpt_model.h; T tokens, R = T k routed rows;
+// the busiest EP rank of a MoE layer receives f R rows, f the layer's expert load imbalance
+// (expert_load.h, 1 for balanced routing), each of its local experts f R / E_local: the
+// all-to-alls end together on every rank, so the step runs at that rank's pace):
 //   pre_dispatch  qkv (T, W, H), proj (T, H, A d), router (T, E, H); core attention B A times
 //                 (S, S, d) and (S, d, S) at the device's attention_fraction; element-wise: norms,
 //                 q/k preparation, softmax over the scores, the routed rows' permutation
-//   mlp           MoE: E_local x [(R/E_local, 2F, H), (R/E_local, H, F)] (+ shared expert); dense
+//   mlp           MoE: E_local x [(fR/E_local, 2F, H), (fR/E_local, H, F)]; dense
 //                 (T, 2F, H), (T, H, F); element-wise: activation, sort and unpermute
 //   output        (T, V, H); element-wise: final norm, softmax and loss over (T, V)
 //   dispatch      the count exchange and the rows (H c + 4 bytes each: row and probability) to
-//                 the other EP ranks: R (EP-1)/EP rows, split by node; combine: the rows back
-//                 (H c); backward: the same bytes the other way
+//                 the other EP ranks: f R (EP-1)/EP rows (the busiest rank's), split by node;
+//                 combine: the rows back (H c); backward: the same bytes the other way
 //   flex          (docs/flex.md) a token crosses to each other node once: (N-1)(1 - C(E-E/N, k) /
 //                 C(E, k)) inter-node copies per token, then fans out inside the node
 //   grad_reduce   a bucket's fp32 gradients over the data-parallel group: reduce-scatter
@@ -42,7 +44,8 @@
 // gradients (weights' products once, core attention twice) and backward_dw the rest.
 //
 // Deliberately not modelled: tensor or context parallelism (epo plan refuses TP, CP > 1), load
-// imbalance between experts, kernel fusion beyond what the byte counts say.
+// imbalance between the experts of one rank (only the ranks' totals count) or between the
+// micro-batches of a step, kernel fusion beyond what the byte counts say.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,7 @@
 #include "epo/comm/link_model.h"
 #include "epo/config/config.h"
 #include "epo/model/gpt_model.h"
+#include "epo/plan/expert_load.h"
 #include "epo/plan/hardware.h"
 #include "epo/schedule/schedule.h"
 #include "epo/train/step_plan.h"
@@ -91,13 +95,13 @@ struct NodeWork {
     std::vector<Gemm> gemms;
     double elementwise_bytes = 0;  // element-wise kernels
     double stream_bytes = 0;       // streaming loops
-    comm::ByteCounts bytes;        // per rank, symmetric under uniform routing
+    comm::ByteCounts bytes;        // per rank (the busiest, for the all-to-alls)
     int num_collectives = 0;
 };
 
 // Everything a call's work depends on, from the finalized configuration and its step plan.
 struct PlanModel {
-    model::GptShape shape;      // EP rank 0 (uniform routing: every rank alike)
+    model::GptShape shape;      // EP rank 0 (every rank alike, but for the expert load)
     int64_t compute_bytes = 2;  // c: bytes of the compute dtype
     int ep_size = 1;
     int ep_ranks_per_node = 1;  // EP ranks that share a node
@@ -108,13 +112,16 @@ struct PlanModel {
     int dp_size = 1, edp_size = 1;
     bool dp_crosses_nodes = false, edp_crosses_nodes = false;
     bool distributed_optimizer = false;
+    // [L]: the busiest EP rank's routed rows over the mean (1 for dense layers).
+    std::vector<double> load_imbalance;
     // Per bucket of the step plan: the fp32 gradient bytes of its dense and expert parameters.
     std::vector<int64_t> bucket_dense_bytes, bucket_expert_bytes;
 };
 
 // `plan` is make_step_plan's for `cfg` (any schedule: the buckets are the same).
 PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
-                          const DeviceSpec& device, bool flex);
+                          const DeviceSpec& device, bool flex,
+                          const ExpertLoadImbalance& load = {});
 
 NodeWork node_work(const PlanModel& model, const schedule::NodeCall& call);
 

@@ -79,6 +79,35 @@ void check_plannable(const config::Config& cfg) {
     }
 }
 
+// The expert load as given, checked against the model: a measured list needs one figure per MoE
+// layer, and no rank can receive more than all of a layer's rows (imbalance <= EP).
+ExpertLoadImbalance checked_expert_load(const ExpertLoadImbalance& load,
+                                        const model::GptShape& shape) {
+    int64_t moe_layers = 0;
+    for (bool moe : shape.moe_layers)
+        moe_layers += moe ? 1 : 0;
+    const auto n = static_cast<int64_t>(load.per_moe_layer.size());
+    if (n > 0 && n != moe_layers) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("--expert_load_imbalance: {} lists {} MoE layer(s), the planned "
+                                "model has {}; give one number for every layer (e.g. its mean "
+                                "imbalance), or a run of this model",
+                                load.source, n, moe_layers));
+    }
+    const double ep = std::max(1, shape.ep_size);
+    for (int64_t i = 0; i < std::max<int64_t>(n, 1); ++i) {
+        const double f = load.of(static_cast<int>(i));
+        if (f > ep) {
+            throw Error(ErrorKind::kConfig,
+                        fmt::format("--expert_load_imbalance {:g}: above the EP size {:g} (one "
+                                    "rank receiving every row is an imbalance of EP); give a "
+                                    "value in 1..{:g}",
+                                    f, ep, ep));
+        }
+    }
+    return load;
+}
+
 // The bytes a step's collectives move on the link `epo bench`'s calibration sets (inter-node,
 // or intra-node on one node), and how many collectives carry them.
 struct StepBytes {
@@ -137,10 +166,11 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
 // one node).
 void set_network_to_ratio(const config::Config& base_cfg, const model::GptShape& shape,
                           double ratio, PlanResult& r) {
-    const ScheduleEstimate probe = estimate_schedule(base_cfg, r.hardware, r.params, false);
+    const ScheduleEstimate probe =
+        estimate_schedule(base_cfg, r.hardware, r.params, false, r.expert_load);
     const train::StepPlan sp = train::make_step_plan(base_cfg, shape);
-    const StepBytes bytes =
-        calibrated_link_bytes(make_plan_model(base_cfg, sp, r.hardware.device, false), sp);
+    const StepBytes bytes = calibrated_link_bytes(
+        make_plan_model(base_cfg, sp, r.hardware.device, false, r.expert_load), sp);
     const double time = ratio * probe.compute_s - static_cast<double>(bytes.collectives) *
                                                       r.hardware.network.latency_us * 1e-6;
     if (ratio <= 0 || time <= 0 || bytes.bytes <= 0) {
@@ -231,11 +261,12 @@ Replay replay_schedule(const std::vector<NodeCall>& calls,
 }
 
 ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw,
-                                   const CostParams& params, bool flex) {
+                                   const CostParams& params, bool flex,
+                                   const ExpertLoadImbalance& load) {
     const model::GptShape shape =
         model::gpt_shape_from_config(cfg, std::max(1, cfg.model.expert_model_parallel_size), 0);
     const train::StepPlan sp = train::make_step_plan(cfg, shape);
-    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex);
+    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex, load);
     const Replay r = replay_schedule(
         sp.calls, [&](const NodeCall& c) { return call_seconds(pm, c, hw, params); },
         flex ? params.flex_overlap_slowdown : params.overlap_slowdown);
@@ -294,6 +325,11 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.step_tokens =
         static_cast<double>(cfg.train.global_batch_size.value_or(0)) * cfg.model.seq_length;
 
+    r.expert_load = checked_expert_load(options.expert_load, shape);
+    for (size_t l = 0, i = 0; l < shape.moe_layers.size(); ++l) {
+        if (shape.moe_layers[l])
+            r.load_imbalance.push_back(r.expert_load.of(static_cast<int>(i++)));
+    }
     if (options.comm_compute_ratio)
         set_network_to_ratio(base_cfg, shape, *options.comm_compute_ratio, r);
 
@@ -312,7 +348,7 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     }
     for (const Variant& v : variants)
         r.runs.push_back(estimate_schedule(with_schedule(cfg, v.overlap, v.delay), r.hardware,
-                                           r.params, v.flex));
+                                           r.params, v.flex, r.expert_load));
     const ScheduleEstimate& base = r.runs.front();
     for (ScheduleEstimate& e : r.runs) {
         e.speedup = base.step_time_s / e.step_time_s;
@@ -327,7 +363,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     if (!r.pair_edges && r.num_micro_batches >= 2) {
         config::Config paired = with_schedule(cfg, true, false);
         paired.model.moe_ep_overlap_pair_edges = true;
-        const ScheduleEstimate p = estimate_schedule(paired, r.hardware, r.params, false);
+        const ScheduleEstimate p =
+            estimate_schedule(paired, r.hardware, r.params, false, r.expert_load);
         const ScheduleEstimate& unpaired = r.runs[1];
         r.notes.push_back(fmt::format(
             "with paired edges (model.moe_ep_overlap_pair_edges=true, docs/paired-edges.md) "

@@ -28,6 +28,7 @@
 
 #include "epo/config/config.h"
 #include "epo/plan/cost_model.h"
+#include "epo/plan/expert_load.h"
 #include "epo/plan/hardware.h"
 
 namespace epo::plan {
@@ -39,6 +40,8 @@ struct PlanOptions {
     // (inter-node; intra-node on one node) so that the baseline's communication takes R times
     // its compute.
     std::optional<double> comm_compute_ratio;
+    // The routing's expert load (expert_load.h): balanced unless given.
+    ExpertLoadImbalance expert_load;
 };
 
 struct ScheduleEstimate {
@@ -67,6 +70,8 @@ struct PlanResult {
     CostParams params;
     std::vector<ScheduleEstimate> runs;
     bool pair_edges = false;                // the overlap schedules pair the step's edges
+    ExpertLoadImbalance expert_load;        // as used
+    std::vector<double> load_imbalance;     // per MoE layer, as used
     std::optional<double> overlap_speedup;  // baseline / "overlap"
     std::string verdict;                    // "pays", "marginal", "does not pay"
     std::string reason;
@@ -86,11 +91,14 @@ Replay replay_schedule(const std::vector<schedule::NodeCall>& calls,
                        double overlap_slowdown);
 
 // `cfg` finalized and valid, topology stated. kConfig for what the planner does not model
-// (TP or CP > 1, PP > 1, a model without experts), naming the field and the fix.
+// (TP or CP > 1, PP > 1, a model without experts), naming the field and the fix, and for a
+// measured expert load that does not fit the model (another count of MoE layers, an imbalance
+// above the EP size).
 PlanResult make_plan(const config::Config& cfg, const PlanOptions& options);
 
 // One schedule of `cfg` as it stands (its overlap flags as set), for tests and make_plan.
 ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hardware,
-                                   const CostParams& params, bool flex);
+                                   const CostParams& params, bool flex,
+                                   const ExpertLoadImbalance& load = {});
 
 }  // namespace epo::plan

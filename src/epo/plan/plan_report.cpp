@@ -21,7 +21,8 @@ std::string format_plan(const PlanResult& r) {
         "[plan] efficiencies ({}): products {:.2f} / dgrad {:.2f} / wgrad {:.2f}, half at {:.0f}, "
         "memory {:.2f} / element-wise {:.2f}, links {:.2f}, slowdown while overlapped {:.2f} (flex "
         "{:.2f}), {:g} us per "
-        "node\n\n",
+        "node\n"
+        "[plan] expert load: {}\n\n",
         r.model, r.world_size, r.num_nodes, r.gpus_per_node, r.ep_size, r.dp_size,
         r.num_micro_batches, hw.device.id, hw.device.peak_bf16_tflops, hw.device.memory_tbps,
         hw.device.memory_gb, hw.device.source, hw.network.intra_node_gbps,
@@ -29,7 +30,7 @@ std::string format_plan(const PlanResult& r) {
         r.params.gemm_efficiency, r.params.dgrad_efficiency, r.params.wgrad_efficiency,
         r.params.gemm_half_dim, r.params.memory_efficiency, r.params.elementwise_efficiency,
         r.params.link_efficiency, r.params.overlap_slowdown, r.params.flex_overlap_slowdown,
-        r.params.node_overhead_us);
+        r.params.node_overhead_us, r.expert_load.source);
     out += fmt::format("{:26s} {:>10s} {:>10s} {:>8s} {:>9s} {:>9s} {:>9s} {:>8s} {:>9s} {:>9s}\n",
                        "schedule", "step s", "tokens/s", "TFLOP/s", "compute", "comm", "exposed",
                        "speedup", "peak mem", "overlap");
@@ -79,6 +80,7 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
     j["overlap_speedup"] = r.overlap_speedup ? nlohmann::ordered_json(*r.overlap_speedup) : nullptr;
     j["verdict"] = {{"answer", r.verdict}, {"reason", r.reason}};
     j["notes"] = r.notes;
+    j["expert_load"] = {{"imbalance", r.load_imbalance}, {"source", r.expert_load.source}};
     const Hardware& hw = r.hardware;
     j["hardware"] = {{"device", hw.device.id},
                      {"peak_bf16_tflops", hw.device.peak_bf16_tflops},
