@@ -3,8 +3,10 @@
 // end to end (step = replay + optimizer, exposed = step - compute), and its refusals.
 #include "epo/plan/plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -340,6 +342,16 @@ TEST(Plan, ExpertLoadSlowsTheStepAndIsReported) {
         EXPECT_GT(busy.runs[i].step_time_s, even.runs[i].step_time_s) << even.runs[i].name;
         EXPECT_GT(busy.runs[i].alltoall_s, 1.15 * even.runs[i].alltoall_s) << even.runs[i].name;
     }
+    // A note says what balanced routing would give: the balanced plan's own times.
+    const auto note = std::find_if(busy.notes.begin(), busy.notes.end(), [](const std::string& n) {
+        return n.find("expert load up to 1.20x the mean") != std::string::npos;
+    });
+    ASSERT_NE(note, busy.notes.end());
+    EXPECT_NE(note->find(fmt::format("the baseline would take {:.4g} s", even.runs[0].step_time_s)),
+              std::string::npos)
+        << *note;
+    for (const std::string& n : even.notes)
+        EXPECT_EQ(n.find("expert load"), std::string::npos) << n;
     ASSERT_EQ(busy.load_imbalance.size(), 48u);  // every layer of qwen3-30b-a3b is MoE
     EXPECT_DOUBLE_EQ(busy.load_imbalance[7], 1.2);
     EXPECT_DOUBLE_EQ(even.load_imbalance[7], 1.0);

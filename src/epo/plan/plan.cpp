@@ -358,6 +358,22 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.pair_edges = cfg.model.moe_ep_overlap_pair_edges;
 
     judge(r);
+    // What an uneven expert load costs: the same schedules planned balanced.
+    const double worst = r.load_imbalance.empty()
+                             ? 1.0
+                             : *std::max_element(r.load_imbalance.begin(), r.load_imbalance.end());
+    if (worst > 1.0) {
+        const ScheduleEstimate even_base = estimate_schedule(base_cfg, r.hardware, r.params, false);
+        const ScheduleEstimate even_overlap =
+            estimate_schedule(with_schedule(cfg, true, false), r.hardware, r.params, false);
+        r.notes.push_back(fmt::format(
+            "expert load up to {:.2f}x the mean on the busiest EP rank: with balanced routing "
+            "the baseline would take {:.4g} s ({:.0f}% less) and overlap {:.4g} s ({:.2f}x); "
+            "load balancing (moe_router_load_balancing_type, moe_router_enable_expert_bias) "
+            "shortens the step with or without overlap",
+            worst, even_base.step_time_s, 100 * (1 - even_base.step_time_s / base.step_time_s),
+            even_overlap.step_time_s, even_base.step_time_s / even_overlap.step_time_s));
+    }
     // The same overlap with the step's edges paired (docs/paired-edges.md), when the
     // configuration leaves them alone: a note, so `runs` stays the schedules as configured.
     if (!r.pair_edges && r.num_micro_batches >= 2) {
