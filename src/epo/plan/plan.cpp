@@ -79,24 +79,27 @@ void check_plannable(const config::Config& cfg) {
     }
 }
 
-// The expert load as given, checked against the model: a measured list needs one figure per MoE
-// layer, and no rank can receive more than all of a layer's rows (imbalance <= EP).
-ExpertLoadImbalance checked_expert_load(const ExpertLoadImbalance& load,
+// The expert load of each MoE layer as given, checked against the model: a measured list needs
+// one figure per MoE layer, and no rank can receive more than all of a layer's rows (<= EP).
+std::vector<double> checked_expert_load(const ExpertLoadImbalance& load,
                                         const model::GptShape& shape) {
-    int64_t moe_layers = 0;
-    for (bool moe : shape.moe_layers)
-        moe_layers += moe ? 1 : 0;
-    const auto n = static_cast<int64_t>(load.per_moe_layer.size());
-    if (n > 0 && n != moe_layers) {
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("--expert_load_imbalance: {} lists {} MoE layer(s), the planned "
-                                "model has {}; give one number for every layer (e.g. its mean "
-                                "imbalance), or a run of this model",
-                                load.source, n, moe_layers));
+    std::vector<double> per_layer;
+    for (bool moe : shape.moe_layers) {
+        if (moe)
+            per_layer.push_back(load.per_moe_layer.empty() ? load.all : 0.0);
+    }
+    if (!load.per_moe_layer.empty()) {
+        if (load.per_moe_layer.size() != per_layer.size()) {
+            throw Error(ErrorKind::kConfig,
+                        fmt::format("--expert_load_imbalance: {} lists {} MoE layer(s), the "
+                                    "planned model has {}; give one number for every layer (e.g. "
+                                    "its mean imbalance), or a run of this model",
+                                    load.source, load.per_moe_layer.size(), per_layer.size()));
+        }
+        per_layer = load.per_moe_layer;
     }
     const double ep = std::max(1, shape.ep_size);
-    for (int64_t i = 0; i < std::max<int64_t>(n, 1); ++i) {
-        const double f = load.of(static_cast<int>(i));
+    for (double f : per_layer) {
         if (f > ep) {
             throw Error(ErrorKind::kConfig,
                         fmt::format("--expert_load_imbalance {:g}: above the EP size {:g} (one "
@@ -105,7 +108,7 @@ ExpertLoadImbalance checked_expert_load(const ExpertLoadImbalance& load,
                                     f, ep, ep));
         }
     }
-    return load;
+    return per_layer;
 }
 
 // The bytes a step's collectives move on the link `epo bench`'s calibration sets (inter-node,
@@ -325,11 +328,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.step_tokens =
         static_cast<double>(cfg.train.global_batch_size.value_or(0)) * cfg.model.seq_length;
 
-    r.expert_load = checked_expert_load(options.expert_load, shape);
-    for (size_t l = 0, i = 0; l < shape.moe_layers.size(); ++l) {
-        if (shape.moe_layers[l])
-            r.load_imbalance.push_back(r.expert_load.of(static_cast<int>(i++)));
-    }
+    r.load_imbalance = checked_expert_load(options.expert_load, shape);
+    r.expert_load = options.expert_load;
     if (options.comm_compute_ratio)
         set_network_to_ratio(base_cfg, shape, *options.comm_compute_ratio, r);
 
