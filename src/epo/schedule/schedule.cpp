@@ -204,6 +204,10 @@ struct Builder {
             }
         }
         g.first(num_layers(shape), -1, NodeKind::kOutput);
+        // a's loss gradient: the next phase's first backward is a's, so its output backward runs
+        // here, in the wait for b's last combine, and a's first combine backward queues on the
+        // comm stream right behind b's (schedule.h "Paired edges").
+        add(a, -1, NodeKind::kOutput, Phase::kBackward);
         add(b, -1, NodeKind::kOutput, Phase::kForward);
     }
     // The last two backwards together (pair_edges), a before b at every node, so each weight
@@ -214,9 +218,9 @@ struct Builder {
     // layer's two dispatches, which the layer's attention backward needs next, and delays the
     // next layer's combines instead; behind the last MoE layer's dispatches it runs under the
     // attention backward and delays nothing.
+    // a's output backward already ran in the phase before (forward_pair or combined_step).
     void backward_pair(int a, int b) {
         Reductions r = reductions(b, true);
-        add(a, -1, NodeKind::kOutput, Phase::kBackward);
         add(b, -1, NodeKind::kOutput, Phase::kBackward);
         r.close(num_layers(shape));
         for (int l = num_layers(shape) - 1; l >= 0; --l) {
@@ -243,12 +247,22 @@ struct Builder {
         r.close(kEmbeddingPosition);
         r.issue();
     }
-    // One combined step: forward of micro-batch f with backward of micro-batch b.
-    void combined_step(int f, int b) {
+    // One combined step: forward of micro-batch f with backward of micro-batch b. With paired
+    // edges (`next_b` >= 0), b's output backward already ran in the phase before, and this step
+    // runs that of the next phase's first backward, micro-batch next_b, whose forward has ended:
+    // right before the last attention backward (step 9 of the last pair), in the compute
+    // stream's wait for b's last dispatch, so next_b's first combine backward is queued on the
+    // comm stream behind f's last combine and runs under that attention backward instead of
+    // after it (schedule.h "Paired edges").
+    void combined_step(int f, int b, int next_b = -1) {
         const int L = num_layers(shape);
         const bool delay = shape.delay_wgrad;
+        const bool hoisted = next_b >= 0;
         add(f, -1, NodeKind::kEmbedding, Phase::kForward);
-        add(b, -1, NodeKind::kOutput, Phase::kBackward);
+        if (!hoisted)
+            add(b, -1, NodeKind::kOutput, Phase::kBackward);
+        if (hoisted && L == 0)
+            add(next_b, -1, NodeKind::kOutput, Phase::kBackward);
         for (int j = 0; j < L; ++j) {
             const int fl = j, bl = L - 1 - j;
             if (moe(bl))
@@ -263,7 +277,9 @@ struct Builder {
                 add_chunks(b, bl, NodeKind::kDispatch, Phase::kBackward);  // 6
             add_chunks(f, fl, NodeKind::kMlp, Phase::kForward);            // 7
             if (moe(fl))
-                add_chunks(f, fl, NodeKind::kCombine, Phase::kForward);   // 8
+                add_chunks(f, fl, NodeKind::kCombine, Phase::kForward);  // 8
+            if (hoisted && bl == 0)
+                add(next_b, -1, NodeKind::kOutput, Phase::kBackward);
             add(b, bl, NodeKind::kPreDispatch, Phase::kBackward, delay);  // 9
             if (delay && bl != 0)
                 add(b, bl, NodeKind::kPreDispatch, Phase::kBackwardDw);  // 10
@@ -399,7 +415,7 @@ std::vector<NodeCall> overlap_schedule(const ScheduleShape& shape) {
     if (shape.pair_edges && n >= 2) {
         b.forward_pair(0, 1);
         for (int i = 0; i + 2 < n; ++i)
-            b.combined_step(i + 2, i);
+            b.combined_step(i + 2, i, i + 1);
         b.backward_pair(n - 2, n - 1);
         return b.calls;
     }

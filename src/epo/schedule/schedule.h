@@ -45,13 +45,24 @@
 // forwards run together, layer by layer (a = micro-batch 0, b = 1; a's dispatch runs under b's
 // attention, b's under a's experts, a's combine under b's experts, b's under a's next attention):
 //   a.pre_dispatch a.dispatch [gather] b.pre_dispatch b.dispatch a.mlp a.combine b.mlp b.combine
+//   ... a.output.forward a.output.backward b.output.forward
 // then N - 2 combined steps (forward i + 2 with backward i), then the last two backwards
 // together (a = N - 2, b = N - 1):
-//   a.combine b.combine a.mlp a.dispatch b.mlp b.dispatch [reduce] a.pre_dispatch b.pre_dispatch
-// (each backward, weight gradients included: nothing is delayed there). a comes before b at
-// every node, so weight gradients still accumulate in micro-batch order (bit-identical to the
-// baseline). The forward pair ends with two whole forwards' activations held, and from N = 3 on a
-// combined step holds i, i + 1 and i + 2: three micro-batches in flight instead of two (about 2x
+//   b.output.backward a.combine b.combine a.mlp a.dispatch b.mlp b.dispatch [reduce]
+//   a.pre_dispatch b.pre_dispatch
+// (each backward, weight gradients included: nothing is delayed there). Paired, the next
+// phase's first backward has ended its forward a whole phase earlier, so each phase runs that
+// micro-batch's output backward (the loss gradient) itself: the forward pair runs a's between
+// a's and b's output forward, a combined step (forward i + 2, backward i) runs i + 1's right
+// before step 9 of its last pair (i's last attention backward), and the next phase starts at
+// its first combine backward. Both places are waits of the compute stream for a call in
+// flight (b's last combine; i's last dispatch), and the next phase's first combine backward is
+// queued on the comm stream right behind this phase's last combine, to run under the attention
+// backward and output forward that end the phase instead of after them (unpaired there is no
+// such micro-batch: the next backward's forward is the one that ends the step). a comes before
+// b at every node, so weight gradients still accumulate in micro-batch order (bit-identical to
+// the baseline). The forward pair ends with two whole forwards' activations held, and from N = 3 on
+// a combined step holds i, i + 1 and i + 2: three micro-batches in flight instead of two (about 2x
 // the baseline's peak activations against 1.4-1.5x unpaired). Micro-batch 0 still gathers
 // the parameters (b's first use follows a's on the compute stream) and b, the last backward,
 // reduces the gradient buckets: behind a MoE layer's two dispatches, not in front of them as
