@@ -209,6 +209,15 @@ TEST(Schedule, PairedEdgesRunTheFirstForwardsAndTheLastBackwardsTogether) {
     EXPECT_LT(at("mb0.layer0.pre_dispatch.backward_dw"), at("mb2.output.backward"));
     EXPECT_EQ(at("mb2.output.backward") + 1, at("mb1.layer1.combine.backward"));
     EXPECT_EQ(std::count(n.begin(), n.end(), "mb1.output.backward"), 1);
+    // A shape without layers still runs each micro-batch's output backward once, after its
+    // output forward.
+    const auto bare = names(overlap_schedule(paired_shape(3, {}, false)));
+    for (const std::string mb : {"mb0.", "mb1.", "mb2."}) {
+        const auto fwd = std::find(bare.begin(), bare.end(), mb + "output.forward");
+        const auto bwd = std::find(bare.begin(), bare.end(), mb + "output.backward");
+        EXPECT_LT(fwd, bwd) << mb;
+        EXPECT_EQ(std::count(bare.begin(), bare.end(), mb + "output.backward"), 1) << mb;
+    }
     // Otherwise the combined step is the unpaired schedule's (forward 1, backward 0), from mb1's
     // embedding forward to mb0's last delayed wgrad, with forward 1 renamed 2.
     ScheduleShape unpaired = s;
