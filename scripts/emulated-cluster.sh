@@ -47,8 +47,18 @@ need() {
     [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
     command -v ip >/dev/null && command -v tc >/dev/null || die "needs iproute2 (apt-get install iproute2)"
 }
+# A rate tc takes, above zero: "500mbit", "1gbit", "2.5gbit" (tc itself prints its usage and
+# fails on 0mbit, after part of the cluster was built).
+valid_rate() {
+    [[ $1 =~ ^([0-9]*\.?[0-9]+)[kmg]?bit$ ]] && awk -v r="${BASH_REMATCH[1]}" 'BEGIN { exit !(r > 0) }'
+}
+# The cluster is up once `up` wrote its link file, last: a state directory without it is a
+# build that failed half-way (its rollback did not finish), which `down` removes.
 num_hosts() {
-    [[ -f $state/hosts ]] || die "no cluster is up (scripts/emulated-cluster.sh up N RATE)"
+    [[ -f $state/link ]] || {
+        [[ -d $state ]] && die "a cluster build did not finish ($state); run 'down' to remove what it left"
+        die "no cluster is up (scripts/emulated-cluster.sh up N RATE)"
+    }
     wc -l <"$state/hosts"
 }
 host_ns() {  # host index -> namespace
@@ -61,11 +71,13 @@ up() {
     need
     local n=${1:?usage: up N RATE [DELAY]} rate=${2:?usage: up N RATE [DELAY]} delay=${3:-}
     [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 64)) || die "N = '$n': give 1 to 64 hosts"
-    [[ $rate =~ ^[0-9.]+[kmg]?bit$ ]] || die "RATE = '$rate': give a tc rate such as 500mbit or 1gbit"
+    valid_rate "$rate" || die "RATE = '$rate': give a tc rate above zero, such as 500mbit or 1gbit"
     [[ -z $delay || $delay =~ ^[0-9.]+(us|ms)$ ]] || die "DELAY = '$delay': give e.g. 1ms or 200us"
     [[ -z $delay ]] || have_netem || die "DELAY needs the kernel's netem qdisc, which this one lacks (CONFIG_NET_SCH_NETEM); leave DELAY out here"
-    [[ ! -f $state/hosts ]] || die "a cluster is already up ($state); run 'down' first"
+    [[ ! -d $state ]] || die "a cluster is already up, or a build of one did not finish ($state); run 'down' first"
     mkdir -p "$state"
+    # All or nothing: a step that fails removes what the earlier ones built.
+    trap '[[ -f $state/link ]] || { echo "emulated-cluster: up failed; removing what it built" >&2; down >/dev/null; }' EXIT
     ip netns add $switch
     ip -n $switch link add br0 type bridge
     ip -n $switch link set br0 up
@@ -83,7 +95,6 @@ up() {
         shape $switch "p$h" "$rate" ""
         echo "$addr $ns $(host_cpus "$h" "$n")" >>"$state/hosts"
     done
-    echo "$rate ${delay:-0}" >"$state/link"
     cat >"$state/agent" <<EOF
 #!/bin/sh
 # Open MPI's remote-launch agent for the emulated cluster: runs the daemon's command line in the
@@ -97,6 +108,8 @@ exec ip netns exec "\$ns" unshare --uts taskset -c "\$cpus" \\
     /bin/sh -c 'hostname "\$1" && exec /bin/sh -c "\$2"' sh "\$ns" "\$*"
 EOF
     chmod +x "$state/agent"
+    echo "$rate ${delay:-0}" >"$state/link"  # last: the cluster is up
+    trap - EXIT
     echo "emulated-cluster: $n hosts ($subnet.1-$subnet.$n), each NIC $rate${delay:+, delay $delay}"
 }
 
@@ -147,7 +160,7 @@ impair() {  # H [rate R] [loss P%] [delay T]: degrade host H's NIC, both directi
     while (($# > 0)); do
         case $1 in
             rate) rate=${2:?impair: rate needs a value}
-                  [[ $rate =~ ^[0-9.]+[kmg]?bit$ ]] || die "impair: rate '$rate': give e.g. 20mbit" ;;
+                  valid_rate "$rate" || die "impair: rate '$rate': give a rate above zero, e.g. 20mbit" ;;
             loss) loss=${2:?impair: loss needs a value}
                   [[ $loss =~ ^([0-9]|[1-9][0-9])%$ ]] || die "impair: loss '$loss': give 0% to 99%" ;;
             delay) delay=${2:?impair: delay needs a value}
@@ -219,10 +232,12 @@ case $cmd in
     up) up "$@" ;;
     run) num_hosts >/dev/null; run_on "${prefix}0" "$@" ;;
     exec) ns=$(host_ns "${1:?usage: exec H CMD}"); shift; run_on "$ns" "$@" ;;
-    cut) ip -n "$(host_ns "${1:?usage: cut H}")" link set eth0 down ;;
-    restore) ip -n "$(host_ns "${1:?usage: restore H}")" link set eth0 up ;;
+    # The namespace first, in this shell: a bad host ends the script here (inside "$(...)" the
+    # error would only end the substitution, and ip would run with an empty name).
+    cut) ns=$(host_ns "${1:?usage: cut H}"); ip -n "$ns" link set eth0 down ;;
+    restore) ns=$(host_ns "${1:?usage: restore H}"); ip -n "$ns" link set eth0 up ;;
     impair) impair "$@" ;;
-    kill) ip netns pids "$(host_ns "${1:?usage: kill H}")" | xargs -r kill -9 ;;
+    kill) ns=$(host_ns "${1:?usage: kill H}"); ip netns pids "$ns" | xargs -r kill -9 ;;
     status)
         num_hosts >/dev/null
         echo "link: $(cat "$state/link") (rate, delay)"

@@ -3,6 +3,7 @@
 // launcher of epo launch); started inside an MPI job (mpirun, srun) it is one of those ranks.
 // The ranks run epo::bench::run_bench and rank 0 writes the run directory and prints the table.
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -38,6 +39,12 @@ bench::BenchOptions options_from(const BenchArgs& args) {
     o.compare = args.compare;
     if (args.cmd->count("--comm_compute_ratio") > 0) {
         o.comm_compute_ratio = args.comm_compute_ratio;
+    }
+    if (args.cmd->count("--repeats") > 0 && args.repeats < 1) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--repeats {}: give 1 or more runs per schedule (default: 2 with "
+                                "--compare, else 1)",
+                                args.repeats));
     }
     o.repeats = args.repeats;
     o.warmup_steps = args.warmup_steps;
@@ -111,7 +118,19 @@ void launch(bench::BenchOptions options) {
     std::cout << fmt::format("[bench] {} ranks ({} nodes x {}), run directory {}\n", world,
                              config::num_nodes(cfg.comm), config::gpus_per_node(cfg.comm), out)
               << std::flush;
-    if (const int status = comm::run_launch_forwarding(line); status != 0)
+    const int status = comm::run_launch_forwarding(line);
+    if (const int signal = comm::forwarded_signal(); signal != 0 && status != 0) {
+        // The user stopped the run: say so, and mark what it left so that nobody reads it as a
+        // finished run (check-run reports the mark).
+        const bool marked = bench::mark_run_stopped(out, signal, status);
+        std::cerr << fmt::format("epo bench: stopped by {} before the run finished; {}\n",
+                                 strsignal(signal),
+                                 marked ? fmt::format("{} is incomplete (marked by its file {})",
+                                                      out, bench::kStoppedMarker)
+                                        : "no run directory was written");
+        throw CLI::RuntimeError(128 + signal);
+    }
+    if (status != 0)
         throw CLI::RuntimeError(status);
 }
 
@@ -139,13 +158,12 @@ void run_ranks(const bench::BenchOptions& options) {
 }
 
 void run_bench_command(const BenchArgs& args) {
-    const bench::BenchOptions options = options_from(args);
     if (inside_mpi_job()) {
-        run_ranks(options);
+        run_ranks(options_from(args));
         return;
     }
     try {
-        launch(options);
+        launch(options_from(args));
     } catch (const Error& e) {
         std::cerr << "epo bench: " << e.what() << "\n";
         throw CLI::RuntimeError(exit_status_for(e.kind()));

@@ -4,6 +4,7 @@
 // bench`, validates first, then plans; `--calibrate kernels --out FILE` measures this machine's
 // kernels and writes a calibration file that `--calibration FILE` loads. Exit status: 0 planned,
 // 1 invalid configuration or hardware, 2 usage error.
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "epo/config/builder.h"
 #include "epo/config/validate.h"
 #include "epo/core/error.h"
+#include "epo/io/files.h"
 #include "epo/plan/calibration.h"
 #include "epo/plan/plan.h"
 #include "epo/plan/plan_report.h"
@@ -58,6 +60,8 @@ void run_calibrate(const PlanArgs& args) {
                                 "host of the job the plan is for",
                                 args.calibrate_threads));
     }
+    // Before the measurement: its result must have somewhere to go.
+    io::require_writable_file(args.out, "--out");
     // One OpenMP thread per measuring thread, as every rank runs (set before oneDNN starts).
     setenv("OMP_NUM_THREADS", "1", 0);
     const plan::Calibration c =
@@ -76,7 +80,14 @@ void run_plan(const PlanArgs& args) {
         run_calibrate(args);
         return;
     }
-    // A usage error before any work.
+    // Usage errors before any work.
+    if (const auto r = given(args, "--comm_compute_ratio", args.comm_compute_ratio);
+        r && !(std::isfinite(*r) && *r > 0)) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("--comm_compute_ratio {}: give a positive number (1 = the "
+                                "baseline's communication as long as its compute)",
+                                *r));
+    }
     const plan::ExpertLoadImbalance expert_load =
         args.expert_load_imbalance.empty()
             ? plan::ExpertLoadImbalance{}

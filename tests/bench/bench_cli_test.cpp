@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 
 #include "epo/bench/bench_run.h"
@@ -117,7 +118,7 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
     const fs::path out = temp_dir("run");
     const comm::LaunchResult r =
         epo({"bench", "--model", "tiny-moe", "--num_nodes", "2", "--gpus_per_node", "1", "-ep", "2",
-             "-gb", "16", "--max_steps", "3", "--compare", "--repeats", "1",
+             "-gb", "16", "--max_steps", "4", "--compare", "--repeats", "1",
              // A ratio well above the comm stream's own share:
              // with this tiny model under ctest -j2, the
              // all-to-alls' unmodelled time alone reached 2 x
@@ -138,7 +139,7 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
         EXPECT_TRUE(fs::exists(out / f)) << f;
     }
 
-    // Every criterion but the timing one (which depends on the machine's load; see
+    // Every criterion but the two timing ones (which depend on the machine's load; see
     // bench_run_mpi_test) passes; exit status 0 exactly when all do.
     const comm::LaunchResult ok = epo({"check-run", out.string()});
     for (const char* criterion :
@@ -149,11 +150,28 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
             << criterion << "\n"
             << ok.stdout_text;
     }
-    const bool fast = ok.stdout_text.find("PASS  throughput") != std::string::npos;
-    EXPECT_EQ(ok.exit_status, fast ? 0 : 1) << ok.stdout_text << ok.stderr_text;
-    EXPECT_NE(ok.stdout_text.find(fast ? "verdict: PASS" : "verdict: FAIL (1 of 7"),
+    const int timing_failed =
+        (ok.stdout_text.find("FAIL  throughput") != std::string::npos) +
+        (ok.stdout_text.find("FAIL  speedups measured, not claimed") != std::string::npos);
+    EXPECT_EQ(ok.exit_status, timing_failed == 0 ? 0 : 1) << ok.stdout_text << ok.stderr_text;
+    EXPECT_NE(ok.stdout_text.find(timing_failed == 0
+                                      ? std::string("verdict: PASS")
+                                      : fmt::format("verdict: FAIL ({} of 8", timing_failed)),
               std::string::npos)
         << ok.stdout_text;
+    // Three measured steps per run (4, less the warm-up): enough to use the speedups.
+    EXPECT_EQ(ok.stdout_text.find("measured step(s) against"), std::string::npos)
+        << ok.stdout_text;
+
+    // A run its user stopped (epo bench marks the directory) is not a finished run.
+    ASSERT_TRUE(mark_run_stopped(out, SIGTERM, 143));
+    const comm::LaunchResult stopped = epo({"check-run", out.string()});
+    EXPECT_EQ(stopped.exit_status, 1) << stopped.stdout_text;
+    EXPECT_NE(stopped.stdout_text.find("FAIL  no hang: the run did not finish: STOPPED says it was "
+                                       "stopped by SIGTERM"),
+              std::string::npos)
+        << stopped.stdout_text;
+    fs::remove(out / kStoppedMarker);
 
     fs::remove(out / "logs/rank-1.log");
     const comm::LaunchResult broken = epo({"check-run", out.string()});

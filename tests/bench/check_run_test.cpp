@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -91,6 +95,85 @@ TEST(IdenticalToBaseline, FailsMissingRecordsAndDifferingRepeats) {
     r["repeats_identical"] = false;
     EXPECT_FALSE(identical_to_baseline(metrics_of(r)).pass);
     EXPECT_FALSE(identical_to_baseline({{"runs", {run("overlap")}}}).pass);  // no baseline
+}
+
+// A whole metrics.json as check-run reads it: two runs of three measured steps.
+nlohmann::json full_metrics() {
+    nlohmann::json base = run("baseline"), overlap = run("overlap");
+    base["step_time_s"] = {{"median", 2.0}, {"min", 1.9}, {"max", 2.1}};
+    base["step_times_s"] = {1.9, 2.0, 2.1};
+    overlap["step_time_s"] = {{"median", 1.5}, {"min", 1.45}, {"max", 1.55}};
+    overlap["step_times_s"] = {1.45, 1.5, 1.55};
+    for (nlohmann::json* r : {&base, &overlap}) {
+        (*r)["steps_planned"] = 3;
+        (*r)["steps_completed"] = 3;
+    }
+    return {{"completed", true},
+            {"world_size", 2},
+            {"steps_per_run", 3},
+            {"theoretical_cap", 16.0 / 9},
+            {"runs", {base, overlap}}};
+}
+
+std::string verdicts_for(const nlohmann::json& metrics) {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("epo_check_run_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "metrics.json") << metrics.dump();
+    const std::string out = format_verdicts(check_run_dir(dir));
+    std::filesystem::remove_all(dir);
+    return out;
+}
+
+TEST(CheckRun, AMistypedFieldFailsNamingIt) {
+    nlohmann::json m = full_metrics();
+    EXPECT_NE(verdicts_for(m).find("PASS  throughput improved or not reduced: overlap 1.33x"),
+              std::string::npos)
+        << verdicts_for(m);
+    m["runs"][1]["step_time_s"]["median"] = "1.5";
+    const std::string out = verdicts_for(m);
+    // No "internal error: [json.exception.type_error.306]": the field, its type, what it needs.
+    EXPECT_NE(out.find("FAIL  throughput improved or not reduced: metrics.json is malformed: "
+                       "runs[1].step_time_s.median is a string, expected a number"),
+              std::string::npos)
+        << out;
+    m = full_metrics();
+    m["runs"][0].erase("step_times_s");
+    EXPECT_NE(verdicts_for(m).find("runs[0].step_times_s is missing"), std::string::npos);
+}
+
+TEST(CheckRun, TheMedianIsRecomputedFromTheStepTimes) {
+    nlohmann::json m = full_metrics();
+    m["runs"][1]["step_time_s"]["median"] = 1.0;  // an edited summary: 2x instead of 1.33x
+    const std::string out = verdicts_for(m);
+    EXPECT_NE(out.find("FAIL  throughput improved or not reduced: run overlap: the stored median "
+                       "step time 1 s is not the median of its step times (1.5 s)"),
+              std::string::npos)
+        << out;
+}
+
+TEST(CheckRun, SpeedupsAboveTheCapOrFromTooFewStepsFail) {
+    nlohmann::json m = full_metrics();
+    EXPECT_NE(verdicts_for(m).find("PASS  speedups measured, not claimed"), std::string::npos);
+    m["theoretical_cap"] = 1.0;  // one micro-batch
+    EXPECT_NE(verdicts_for(m).find("FAIL  speedups measured, not claimed: overlap: speedup 1.33x "
+                                   "is above the schedule's theoretical cap 1.00x"),
+              std::string::npos)
+        << verdicts_for(m);
+    m = full_metrics();
+    m["runs"][0]["step_times_s"] = {1.5, 2.5};
+    m["runs"][0]["step_time_s"]["median"] = 2.0;
+    EXPECT_NE(verdicts_for(m).find("FAIL  speedups measured, not claimed: overlap: 3 measured "
+                                   "step(s) against the baseline's 2"),
+              std::string::npos)
+        << verdicts_for(m);
+    m = full_metrics();
+    m["runs"][0]["step_times_s"] = {1.4, 2.0, 2.1};  // the baseline's fastest beats 1.5 s
+    m["runs"][0]["step_time_s"]["min"] = 1.4;
+    const std::string noisy = verdicts_for(m);
+    EXPECT_NE(noisy.find("WARN  speedups measured, not claimed: overlap: 1.33x is within the noise"),
+              std::string::npos)
+        << noisy;
 }
 
 }  // namespace

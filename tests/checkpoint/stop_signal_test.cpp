@@ -79,6 +79,49 @@ TEST(StopSignalsDeathTest, PeerFailureMarkerOfThisJobExplainsTheSignal) {
     ::unsetenv("SLURM_JOB_ID");
 }
 
+TEST(StopSignalsDeathTest, TeardownNamesTheFirstFailureAndItsMessage) {
+    const std::string marker = unique_marker_under_slurm_id("first-failure");
+    // Rank 3 stopped answering; rank 0's watchdog failed first and named it. Ranks 1 and 2 time
+    // out moments later: their claims must not replace rank 0's.
+    ASSERT_TRUE(comm::claim_job_failure_marker(
+        marker, 0, "watchdog: all_to_all #110 on group ep: rank(s) 3 had not arrived\nmore"));
+    EXPECT_FALSE(comm::claim_job_failure_marker(marker, 1, "watchdog: all_reduce #90 ..."));
+    EXPECT_FALSE(comm::claim_job_failure_marker(marker, 2, "watchdog: ..."));
+    EXPECT_EXIT(
+        {
+            StopSignals signals(2, 4);
+            std::raise(SIGTERM);
+            std::_Exit(0);  // not reached
+        },
+        ::testing::ExitedWithCode(128 + SIGTERM),
+        "rank 2 of 4 received SIGTERM: the job is ending because rank 0 failed first \\(watchdog: "
+        "all_to_all #110 on group ep: rank\\(s\\) 3 had not arrived\\); exiting without saving");
+    // The rank that failed first said why already: its own teardown adds no line blaming itself.
+    EXPECT_EXIT(
+        {
+            StopSignals signals(0, 4);
+            std::raise(SIGTERM);
+            std::_Exit(0);  // not reached
+        },
+        ::testing::ExitedWithCode(128 + SIGTERM), "^$");
+    fs::remove(marker);
+    ::unsetenv("SLURM_JOB_ID");
+}
+
+TEST(JobFailureMarkers, AnotherJobsMarkerIsReplacedByTheFirstFailure) {
+    const std::string marker = unique_marker_under_slurm_id("reused-id");
+    write_marker(marker, "5\nan old job's failure\n", std::chrono::seconds(600));
+    EXPECT_TRUE(comm::claim_job_failure_marker(marker, 1, "this job's failure"));
+    std::ifstream in(marker);
+    std::string rank, what;
+    std::getline(in, rank);
+    std::getline(in, what);
+    EXPECT_EQ(rank, "1");
+    EXPECT_EQ(what, "this job's failure");
+    fs::remove(marker);
+    ::unsetenv("SLURM_JOB_ID");
+}
+
 TEST(StopSignalsDeathTest, MarkerOlderThanTheJobIsAnotherJobs) {
     // A launcher that reuses a job id must not make this job claim a peer failed.
     const std::string marker = unique_marker_under_slurm_id("stale-marker");

@@ -165,3 +165,13 @@ epo_cli_test(bench_ratio_beyond_timeout 2 "--comm_compute_ratio 1000000: the lin
              "give a ratio of at most" RUN
              bench --model tiny-moe -ep 2 --num_nodes 2 --gpus_per_node 1 --max_steps 3
              --comm_compute_ratio 1e6 logger.log_dir=${CMAKE_BINARY_DIR}/bench-cli-runs)
+# A short run of a recipe with a warm-up: TR001 says where the decay's end comes from (--max_steps)
+# and how to make a short test run.
+epo_cli_test(short_run_warmup 1 "TR001" "which --max_steps sets"
+             "train.lr_warmup_iters=0 for a short test run" RUN
+             validate --model tiny-moe --max_steps 2)
+# An interleaved pipeline whose micro-batch count leaves a partial group of PP: validate names it
+# (RT031) before train refuses it at the step plan.
+epo_cli_test(interleaved_partial_group 0 "RT031" "train.global_batch_size = 12 \\(3 micro-batches per step, PP 2\\)" RUN
+             validate --model tiny-moe -ep 2 -pp 2 -vp 2 --num_nodes 1 --gpus_per_node 4 -gb 12
+             model.num_layers=4)

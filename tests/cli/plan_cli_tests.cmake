@@ -40,3 +40,16 @@ epo_cli_test(plan_bad_expert_load 2 "--expert_load_imbalance 0.5: an imbalance i
              "give a number >= 1" RUN plan ${_epo_qwen_h100} --expert_load_imbalance 0.5)
 epo_cli_test(plan_expert_load_not_a_run 2 "neither a number nor a readable file" RUN
              plan ${_epo_qwen_h100} --expert_load_imbalance /nonexistent/run)
+# Bad input that used to plan, block or claim a write (each refused before any work).
+epo_cli_test(plan_ratio_nan 2 "--comm_compute_ratio nan: give a positive number" RUN
+             plan ${_epo_qwen_h100} --comm_compute_ratio nan)
+epo_cli_test(plan_ratio_negative 2 "--comm_compute_ratio -1: give a positive number" RUN
+             plan ${_epo_qwen_h100} --comm_compute_ratio -1)
+epo_cli_test(plan_calibrate_out_device 2 "--out /dev/full: it is a device" RUN
+             plan --calibrate kernels --out /dev/full)
+epo_cli_test(plan_calibrate_out_no_dir 2 "its directory /nonexistent does not exist" RUN
+             plan --calibrate kernels --out /nonexistent/cal.json)
+epo_cli_test(plan_calibration_is_a_directory 2 "--calibration tests: it is a directory" RUN
+             plan ${_epo_qwen_h100} --calibration tests)
+epo_cli_test(plan_calibration_is_a_device 2 "--calibration /dev/null: it is a device" RUN
+             plan ${_epo_qwen_h100} --calibration /dev/null)

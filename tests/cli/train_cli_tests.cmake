@@ -97,3 +97,9 @@ epo_train_cli_test(train_pipeline_stage_failure_ends_job 1
                    RUN train --model tiny-moe -ep 2 -pp 2 -vp 2 --max_steps 4
                    train.global_batch_size=16 model.seq_length=64 model.num_layers=4
                    logger.log_dir=train-cli-runs --moe_a2a_overlap true)
+# An OMP_NUM_THREADS that OpenMP cannot start is refused by name before any kernel runs (it was
+# reported as "out of memory" from inside oneDNN).
+epo_train_cli_test(train_omp_threads_absurd 2 "OMP_NUM_THREADS=99999999999: not a thread count"
+                   NP 1 ENV OMP_NUM_THREADS=99999999999 RUN ${_tiny_train})
+epo_train_cli_test(train_omp_threads_not_a_number 2 "OMP_NUM_THREADS=two: not a thread count"
+                   NP 1 ENV OMP_NUM_THREADS=two RUN ${_tiny_train})

@@ -74,6 +74,15 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.overlap_moe_expert_parallel_comm = true;
              c.model.moe_ep_overlap_pair_edges = true;
          }},
+        {"RT031",
+         [](Config& c) {
+             // PP 2 x VPP 2 on 2 ranks (DP 1): 3 micro-batches leave a partial group of PP.
+             c.model.pipeline_model_parallel_size = 2;
+             c.model.virtual_pipeline_model_parallel_size = 2;
+             c.comm.num_nodes = 1;
+             c.comm.gpus_per_node = 2;
+             c.train.global_batch_size = 3 * c.train.micro_batch_size;
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -145,7 +154,7 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines
 }
 
 TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
-    for (const char* id : {"RT027", "RT028", "RT029", "RT030"}) {
+    for (const char* id : {"RT027", "RT028", "RT029", "RT030", "RT031"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

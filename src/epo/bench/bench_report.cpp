@@ -7,8 +7,10 @@
 #include <ostream>
 
 #include "epo/bench/trace.h"
+#include "epo/bench/trust.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/core/error.h"
+#include "epo/io/files.h"
 #include "epo/moe/flex_layout.h"
 #include "epo/plan/cost_model.h"
 #include "epo/plan/expert_load.h"
@@ -238,49 +240,49 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
                        {"bandwidth_set", k->inter_node ? "inter_node" : "intra_node"},
                        {"achieved_ratio", achieved}};
     }
-    return {{"version", 1},
-            {"epo_version", EPO_VERSION},
-            {"completed", true},
-            {"model", c.recipe.value_or("") + (result.proxy ? " (bench proxy)" : "")},
-            {"proxy", result.proxy},
-            {"world_size", comm::current_world_size()},
-            {"num_nodes", config::num_nodes(c.comm)},
-            {"gpus_per_node", config::gpus_per_node(c.comm)},
-            {"expert_model_parallel_size", c.model.expert_model_parallel_size},
-            {"num_micro_batches", config::num_microbatches(c)},
-            {"num_chunks", c.model.moe_ep_overlap_num_chunks},
-            {"chunk_by", std::string(config::enum_name(c.model.moe_ep_overlap_chunk_by))},
-            // The overlap schedule's speedup cap at comm = compute (schedule.h).
-            {"theoretical_cap",
-             schedule::overlap_speedup_cap(static_cast<int>(config::num_microbatches(c)),
-                                           c.model.moe_ep_overlap_num_chunks, pair_edges)},
-            {"pair_edges", pair_edges},
-            {"global_batch_size", config::global_batch_size(c)},
-            {"seq_length", c.model.seq_length},
-            {"steps_per_run", c.train.train_iters},
-            {"warmup_steps", result.warmup_steps},
-            {"repeats", result.repeats},
-            {"link",
-             {{"inter_node_gbps", c.comm.link.inter_node_gbps.value_or(0.0)},
-              {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
-              {"latency_us", c.comm.link.latency_us.value_or(0.0)}}},
-            {"calibration", calibration},
-            {"expert_load", std::move(expert_load)},
-            {"runs", runs},
-            {"overlap_speedup", optional_json(result.overlap_speedup)},
-            {"overlap_efficiency", optional_json(result.overlap_efficiency)},
-            {"loss_bitwise_identical", result.loss_bitwise_identical},
-            {"bitwise_identical", result.bitwise_identical},
-            {"wall_time_s", result.wall_s}};
+    nlohmann::json m = {
+        {"version", 1},
+        {"epo_version", EPO_VERSION},
+        {"completed", true},
+        {"model", c.recipe.value_or("") + (result.proxy ? " (bench proxy)" : "")},
+        {"proxy", result.proxy},
+        {"world_size", comm::current_world_size()},
+        {"num_nodes", config::num_nodes(c.comm)},
+        {"gpus_per_node", config::gpus_per_node(c.comm)},
+        {"expert_model_parallel_size", c.model.expert_model_parallel_size},
+        {"pipeline_model_parallel_size", c.model.pipeline_model_parallel_size},
+        {"num_micro_batches", config::num_microbatches(c)},
+        {"num_chunks", c.model.moe_ep_overlap_num_chunks},
+        {"chunk_by", std::string(config::enum_name(c.model.moe_ep_overlap_chunk_by))},
+        // The overlap schedule's speedup cap at comm = compute (schedule.h).
+        {"theoretical_cap",
+         schedule::overlap_speedup_cap(static_cast<int>(config::num_microbatches(c)),
+                                       c.model.moe_ep_overlap_num_chunks, pair_edges)},
+        {"pair_edges", pair_edges},
+        {"global_batch_size", config::global_batch_size(c)},
+        {"seq_length", c.model.seq_length},
+        {"steps_per_run", c.train.train_iters},
+        {"warmup_steps", result.warmup_steps},
+        {"repeats", result.repeats},
+        {"link",
+         {{"inter_node_gbps", c.comm.link.inter_node_gbps.value_or(0.0)},
+          {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
+          {"latency_us", c.comm.link.latency_us.value_or(0.0)}}},
+        {"calibration", calibration},
+        {"expert_load", std::move(expert_load)},
+        {"runs", runs},
+        {"overlap_speedup", optional_json(result.overlap_speedup)},
+        {"overlap_efficiency", optional_json(result.overlap_efficiency)},
+        {"loss_bitwise_identical", result.loss_bitwise_identical},
+        {"bitwise_identical", result.bitwise_identical},
+        {"wall_time_s", result.wall_s}};
+    // Judged on the document itself, as check-run judges it later (trust.h).
+    m["trust"] = trust_json(trust_flags(m));
+    return m;
 }
 
 void write_file(const std::filesystem::path& path, const std::string& text) {
-    std::ofstream out(path);
-    out << text;
-    out.close();
-    if (!out) {
-        throw Error(ErrorKind::kIo, fmt::format("cannot write '{}'", path.string()));
-    }
+    io::write_file_atomically(path, text, "the run's file");
 }
 
 std::string opt_fixed(const nlohmann::json& v, const char* fmt_spec, const char* none = "-") {
@@ -404,6 +406,7 @@ std::string format_table(const nlohmann::json& m) {
         }
     }
     out += caps_line(m);
+    out += format_trust(trust_flags(m));
     out += expert_load_line(m);
     out += inter_node_line(m);
     out += fmt::format(

@@ -1,10 +1,13 @@
 #include "epo/bench/bench_run.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <ostream>
@@ -441,6 +444,7 @@ const std::vector<BenchSchedule>& compare_schedules() {
 }
 
 config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job) {
+    comm::check_omp_num_threads(std::getenv("OMP_NUM_THREADS"));  // before any kernel runs
     if (const auto& r = options.comm_compute_ratio; r && (!(*r >= 0) || !std::isfinite(*r))) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--comm_compute_ratio {}: give a positive number (1 = the "
@@ -488,9 +492,51 @@ config::Config check_bench_config(const BenchOptions& options, const comm::JobSh
     return cfg;
 }
 
+std::string bench_warnings(const BenchOptions& options, const comm::JobShape& job) {
+    std::vector<BenchSchedule> schedules = compare_schedules();
+    if (!options.compare)
+        schedules.clear();
+    config::ValidationReport all;
+    all.target = "epo cpu runtime, the schedules this bench runs";
+    const auto add = [&](const config::ConfigSources& sources) {
+        const config::ValidationReport report = train::prepare_run_config(sources, job);
+        for (const config::Finding& w : report.warnings) {
+            const bool seen = std::any_of(
+                all.warnings.begin(), all.warnings.end(),
+                [&](const config::Finding& f) { return f.id == w.id && f.field == w.field; });
+            if (!seen)
+                all.warnings.push_back(w);
+        }
+    };
+    add(sources_for(options, nullptr, {}));
+    for (const BenchSchedule& s : schedules)
+        add(sources_for(options, &s, {}));
+    return all.warnings.empty() ? "" : config::format_findings(all);
+}
+
 void check_out_dir_unused(const std::filesystem::path& dir) {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    if (!std::filesystem::exists(dir, ec)) {
+    if (!fs::exists(dir, ec)) {
+        // A symlink whose target is gone cannot be created as a directory: say so now, not
+        // after the ranks have started.
+        if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("--out {}: it is a symbolic link to '{}', which does not "
+                                    "exist; create that directory, or give another path",
+                                    dir.string(), fs::read_symlink(dir, ec).string()));
+        }
+        // The nearest existing ancestor must be a directory this user can write into.
+        fs::path parent = fs::absolute(dir, ec).parent_path();
+        while (!parent.empty() && !fs::exists(parent, ec) && parent != parent.root_path())
+            parent = parent.parent_path();
+        if (!parent.empty() &&
+            (!fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK | X_OK) != 0)) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("--out {}: cannot create it: '{}' is not a directory this "
+                                    "user can write into; give a path under a writable directory",
+                                    dir.string(), parent.string()));
+        }
         return;
     }
     if (!std::filesystem::is_directory(dir, ec)) {
@@ -508,6 +554,27 @@ void check_out_dir_unused(const std::filesystem::path& dir) {
     }
 }
 
+bool mark_run_stopped(const std::filesystem::path& dir, int signal, int status) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+        return false;
+    const std::time_t now = std::time(nullptr);
+    char stamp[32] = "";
+    std::tm utc{};
+    if (gmtime_r(&now, &utc))
+        std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    std::ofstream out(dir / kStoppedMarker);
+    out << fmt::format(
+        "stopped by {} at {} before the run finished (launcher exit status {}): metrics.json, "
+        "report.html and trace.json are missing or partial; rerun to measure\n",
+        signal == SIGINT   ? "SIGINT"
+        : signal == SIGHUP ? "SIGHUP"
+                           : "SIGTERM",
+        stamp, status);
+    out.close();
+    return static_cast<bool>(out);
+}
+
 BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     const auto t0 = Clock::now();
     const int rank = comm::current_world_rank();
@@ -519,6 +586,12 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     }
     BenchResult result;
     result.config = check_bench_config(options, job);
+    // What `epo validate` warns of for the same flags (W012: nothing to overlap), before the
+    // numbers it qualifies.
+    if (rank == 0) {
+        if (const std::string w = bench_warnings(options, job); !w.empty())
+            log << w << std::flush;
+    }
     with_default_model(options.sources, &result.proxy);
     // Every rank looks before any creates anything (the reduction orders the two), so all reach
     // the same verdict on --out and none waits alone.

@@ -154,10 +154,23 @@ struct BenchResult {
 // needed.
 config::Config check_bench_config(const BenchOptions& options, const comm::JobShape& job);
 
+// The validation warnings of the schedules the bench will run (W012: one micro-batch, nothing
+// to overlap; ...), each id and field once, as `epo validate` prints them; "" without any. Rank 0
+// prints them before the runs.
+std::string bench_warnings(const BenchOptions& options, const comm::JobShape& job);
+
 // --out DIR must name a directory that does not exist yet or is empty: a run never writes into
 // another run's directory (its metrics, report and trace would be replaced and its configs/ and
 // logs/ mixed with the new ones). kUsage naming the directory and the fix otherwise. Local.
 void check_out_dir_unused(const std::filesystem::path& dir);
+
+// A run directory whose job was stopped before it finished (SIGTERM, SIGINT or SIGHUP to
+// `epo bench`) holds a file of this name saying so; `epo check-run` reports it. Its metrics,
+// report and trace, if any, are missing or partial.
+inline constexpr const char* kStoppedMarker = "STOPPED";
+// Writes that file (`signal` names the signal, `status` the launcher's exit status); returns
+// false when the directory does not exist (the ranks never created it: nothing to mark).
+bool mark_run_stopped(const std::filesystem::path& dir, int signal, int status);
 
 // Collective over MPI_COMM_WORLD. `log` receives rank 0's progress; every rank also writes its
 // own log to <run_dir>/logs/rank-R.log.

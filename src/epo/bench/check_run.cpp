@@ -2,10 +2,14 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
+#include "epo/bench/bench_run.h"
 #include "epo/bench/metrics.h"
+#include "epo/bench/trust.h"
 #include "epo/config/validate.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
@@ -29,6 +33,69 @@ int count_of(const std::string& text, const std::string& what) {
         ++n;
     }
     return n;
+}
+
+// The first field check-run reads that is missing or of the wrong type, as
+// "runs[1].step_time_s.median is a string, expected a number"; "" when every one is right.
+std::string shape_problem(const nlohmann::json& m) {
+    using Type = nlohmann::json::value_t;
+    const auto kind = [](const nlohmann::json& v) -> std::string {
+        return v.is_number() ? "a number" : std::string("a ") + v.type_name();
+    };
+    const auto need = [&](const nlohmann::json& parent, const std::string& at, const char* key,
+                          const char* expected, auto&& ok) -> std::string {
+        const auto it = parent.find(key);
+        if (it == parent.end())
+            return fmt::format("{}{} is missing", at, key);
+        if (!ok(*it))
+            return fmt::format("{}{} is {}, expected {}", at, key, kind(*it), expected);
+        return "";
+    };
+    const auto number = [](const nlohmann::json& v) { return v.is_number(); };
+    const auto integer = [](const nlohmann::json& v) { return v.is_number_integer(); };
+    const auto numbers = [](const nlohmann::json& v) {
+        if (!v.is_array())
+            return false;
+        for (const auto& x : v) {
+            if (!x.is_number())
+                return false;
+        }
+        return true;
+    };
+    for (const auto& [key, expected, ok] :
+         {std::tuple<const char*, const char*, std::function<bool(const nlohmann::json&)>>{
+              "completed", "true or false", [](const nlohmann::json& v) { return v.is_boolean(); }},
+          {"world_size", "an integer", integer},
+          {"steps_per_run", "an integer", integer}}) {
+        if (std::string p = need(m, "", key, expected, ok); !p.empty())
+            return p;
+    }
+    for (size_t i = 0; i < m.at("runs").size(); ++i) {
+        const nlohmann::json& r = m.at("runs")[i];
+        const std::string at = fmt::format("runs[{}].", i);
+        if (!r.is_object())
+            return fmt::format("runs[{}] is {}, expected an object", i, kind(r));
+        std::string p =
+            need(r, at, "name", "a string", [](const nlohmann::json& v) { return v.is_string(); });
+        if (p.empty())
+            p = need(r, at, "step_time_s", "an object",
+                     [](const nlohmann::json& v) { return v.type() == Type::object; });
+        for (const char* stat : {"median", "min", "max"}) {
+            if (p.empty())
+                p = need(r.at("step_time_s"), at + "step_time_s.", stat, "a number", number);
+        }
+        for (const char* key : {"step_times_s", "losses", "grad_norms"}) {
+            if (p.empty())
+                p = need(r, at, key, "an array of numbers", numbers);
+        }
+        for (const char* key : {"steps_planned", "steps_completed"}) {
+            if (p.empty())
+                p = need(r, at, key, "an integer", integer);
+        }
+        if (!p.empty())
+            return p;
+    }
+    return "";
 }
 
 struct RunDir {
@@ -208,7 +275,23 @@ Criterion throughput(const RunDir& d) {
     if (!base) {
         return c;
     }
-    const double t_base = (*base)["step_time_s"].value("median", 0.0);
+    // The medians of the step times the document holds, not its stored medians: a stored median
+    // that disagrees with them fails the run (an edited or corrupt metrics.json).
+    const auto median_of = [&](const nlohmann::json& r, double& t) {
+        t = summarize(r.at("step_times_s").get<std::vector<double>>()).median;
+        const double stored = r.at("step_time_s").at("median").get<double>();
+        if (std::fabs(stored - t) > 1e-9 * std::max(1.0, std::fabs(t))) {
+            c.detail = fmt::format(
+                "run {}: the stored median step time {} s is not the median of its step times "
+                "({} s): metrics.json was edited or is corrupt",
+                r.at("name").get<std::string>(), stored, t);
+            return false;
+        }
+        return true;
+    };
+    double t_base = 0;
+    if (!median_of(*base, t_base))
+        return c;
     std::string detail;
     bool pass = t_base > 0, any = false;
     for (const auto& r : d.metrics["runs"]) {
@@ -216,7 +299,9 @@ Criterion throughput(const RunDir& d) {
             continue;
         }
         any = true;
-        const double t = r["step_time_s"].value("median", 0.0);
+        double t = 0;
+        if (!median_of(r, t))
+            return c;
         const bool ok = t > 0 && t <= t_base * (1 + kThroughputTolerance);
         pass = pass && ok;
         detail += fmt::format("{}{} {:.2f}x", detail.empty() ? "" : ", ", r.value("name", "?"),
@@ -226,6 +311,26 @@ Criterion throughput(const RunDir& d) {
     c.detail = any ? detail + fmt::format(" of the baseline's speed (at least {:.2f}x needed)",
                                           1 / (1 + kThroughputTolerance))
                    : "no overlap run";
+    return c;
+}
+
+Criterion measured_not_claimed(const RunDir& d) {
+    Criterion c{"speedups measured, not claimed", false, ""};
+    if (!baseline_or_explain(d, c))
+        return c;
+    std::string fatal, warnings;
+    for (const TrustFlag& f : trust_flags(d.metrics)) {
+        (f.fatal ? fatal : warnings) += (f.fatal ? fatal : warnings).empty() ? "" : "; ";
+        (f.fatal ? fatal : warnings) += f.message;
+    }
+    c.pass = fatal.empty();
+    c.warning = c.pass && !warnings.empty();
+    c.detail = !fatal.empty()      ? fatal
+               : !warnings.empty() ? warnings
+                                   : fmt::format(
+                                         "every speedup within its schedule's cap, from "
+                                         "at least {} steps of each run",
+                                         kMinStepsPerRun);
     return c;
 }
 
@@ -270,8 +375,17 @@ std::vector<Criterion> check_run_dir(const std::filesystem::path& dir) {
         d.metrics = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
         if (!d.metrics.is_object() || !d.metrics["runs"].is_array()) {
             d.metrics = nullptr;
-            d.metrics_problem = "metrics.json is malformed";
+            d.metrics_problem = "metrics.json is malformed (not a JSON object with a runs array)";
+        } else if (const std::string p = shape_problem(d.metrics); !p.empty()) {
+            d.metrics = nullptr;
+            d.metrics_problem = "metrics.json is malformed: " + p;
         }
+    }
+    // A run its user stopped (epo bench marks it): whatever it left is not a finished run.
+    if (const std::string stopped = read_all(dir / kStoppedMarker); !stopped.empty()) {
+        d.metrics = nullptr;
+        d.metrics_problem = fmt::format("the run did not finish: {} says it was {}", kStoppedMarker,
+                                        stopped.substr(0, stopped.find('\n')));
     }
     d.rank0_log = read_all(dir / "logs" / "rank-0.log");
     std::optional<config::Config> cfg;
@@ -288,6 +402,7 @@ std::vector<Criterion> check_run_dir(const std::filesystem::path& dir) {
         identical = identical_to_baseline(d.metrics);
     out.push_back(identical);
     out.push_back(throughput(d));
+    out.push_back(measured_not_claimed(d));
     return out;
 }
 
@@ -295,7 +410,11 @@ std::string format_verdicts(const std::vector<Criterion>& criteria) {
     std::string out;
     int failed = 0;
     for (const Criterion& c : criteria) {
-        out += fmt::format("{}  {}: {}\n", c.pass ? "PASS" : "FAIL", c.name, c.detail);
+        out += fmt::format("{}  {}: {}\n",
+                           !c.pass     ? "FAIL"
+                           : c.warning ? "WARN"
+                                       : "PASS",
+                           c.name, c.detail);
         failed += !c.pass;
     }
     out += failed == 0 ? "verdict: PASS (every criterion met)\n"

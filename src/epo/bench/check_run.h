@@ -15,7 +15,15 @@
 //                               checksum equal the baseline's, bit for bit, and every repeat's
 //                               its first's (losses alone can pass a wrong run: metrics.h)
 //   throughput                 the overlap runs' median step time is at most the baseline's
-//                               times 1 + kThroughputTolerance (shared-machine noise)
+//                               times 1 + kThroughputTolerance (shared-machine noise); the
+//                               medians are recomputed from step_times_s, and a stored median
+//                               that disagrees fails
+//   measured, not claimed      no speedup above its schedule's cap and none from fewer than
+//                               kMinStepsPerRun steps (trust.h); a speedup within the noise
+//                               passes with WARN
+//
+// A metrics.json whose fields are missing or of the wrong type fails every criterion that reads
+// it, naming the first such field.
 #pragma once
 
 #include <filesystem>
@@ -31,6 +39,7 @@ struct Criterion {
     std::string name;
     bool pass = false;
     std::string detail;
+    bool warning = false;  // passed, with a caveat the detail names (printed WARN)
 };
 
 inline constexpr const char* kIdenticalCriterion =

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "epo/bench/bench_report.h"
+#include "epo/bench/trust.h"
 
 namespace epo::bench {
 namespace {
@@ -297,6 +298,14 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
         "bit-identical: <b>{}</b>.</p>\n",
         opt(m.at("overlap_speedup"), "{:.2f}x"), format_efficiency(m.at("overlap_efficiency")),
         m.at("bitwise_identical").get<bool>() ? "yes" : "NO");
+    // What the speedups above cannot be trusted for (trust.h), where the reader looks first.
+    if (const auto flags = trust_flags(m); !flags.empty()) {
+        html += "<h2>Warnings</h2>\n<ul class='warnings'>\n";
+        for (const TrustFlag& f : flags)
+            html += fmt::format("<li><b>{}</b>{}: {}</li>\n", escape(f.id),
+                                f.fatal ? " (speedup not usable)" : "", escape(f.message));
+        html += "</ul>\n";
+    }
     if (const std::string inter = format_inter_node(m); !inter.empty()) {
         html += "<h2>Inter-node traffic (flex)</h2>\n<pre>" + escape(inter) + "</pre>\n";
     }

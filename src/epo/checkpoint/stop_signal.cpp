@@ -28,7 +28,9 @@ char g_failure_marker[256];
 // A marker last written before this process installed its handlers is another job's (a reused
 // job id), never this job's: its failure would be this job's only if written after the start.
 time_t g_marker_not_before = 0;
-char g_peer_failed_prefix[2][160];  // "epo: rank R of N received SIGTERM: the job is ending ..."
+char g_peer_failed_prefix[2][160];
+int g_own_rank = -1;  // this process's world rank (the marker may name it)  // "epo: rank R of N
+                      // received SIGTERM: the job is ending ..."
 
 int slot(int signal) {
     return signal == SIGINT ? 1 : 0;
@@ -45,8 +47,11 @@ void write_all(const char* text) {
     }
 }
 
-// The failed peer's rank from its marker ("3\n"), or -1. open/read/close are async-signal-safe.
-int failed_peer() {
+// The rank that failed first, from its marker ("3\n<its message's first line>\n"), or -1;
+// `what` receives the message line (NUL-terminated, possibly empty). open/read/close are
+// async-signal-safe.
+int failed_peer(char* what, size_t what_size) {
+    what[0] = '\0';
     if (g_failure_marker[0] == '\0')
         return -1;
     const int fd = ::open(g_failure_marker, O_RDONLY);
@@ -57,14 +62,24 @@ int failed_peer() {
         ::close(fd);
         return -1;
     }
-    char text[16] = {};
-    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    char text[320] = {};
+    ssize_t n = 0;
+    for (ssize_t got; n < static_cast<ssize_t>(sizeof text) - 1 &&
+                      (got = ::read(fd, text + n, sizeof text - 1 - n)) > 0;)
+        n += got;
     ::close(fd);
     int rank = 0;
     bool any = false;
-    for (ssize_t i = 0; i < n && text[i] >= '0' && text[i] <= '9'; ++i) {
+    ssize_t i = 0;
+    for (; i < n && text[i] >= '0' && text[i] <= '9'; ++i) {
         rank = rank * 10 + (text[i] - '0');
         any = true;
+    }
+    if (i < n && text[i] == '\n') {
+        size_t k = 0;
+        for (++i; i < n && text[i] != '\n' && k + 1 < what_size; ++i)
+            what[k++] = text[i];
+        what[k] = '\0';
     }
     return any ? rank : -1;
 }
@@ -72,7 +87,11 @@ int failed_peer() {
 void on_stop_signal(int signal) {
     // The launcher tears the job down after a rank failed: saying "stopping after the current
     // step, saving a checkpoint" would promise what cannot happen; say why, and go.
-    if (const int peer = failed_peer(); peer >= 0) {
+    char what[256];
+    if (const int peer = failed_peer(what, sizeof what); peer >= 0) {
+        // The rank that failed first said why on its own line; its teardown needs no second.
+        if (peer == g_own_rank)
+            ::_exit(128 + signal);
         char digits[16];
         int len = 0;
         for (int v = peer; len == 0 || v > 0; v /= 10)
@@ -83,7 +102,13 @@ void on_stop_signal(int signal) {
         text[len] = '\0';
         write_all(g_peer_failed_prefix[slot(signal)]);
         write_all(text);
-        write_all(" failed (its message is above); exiting without saving\n");
+        write_all(" failed first");
+        if (what[0] != '\0') {
+            write_all(" (");
+            write_all(what);
+            write_all(")");
+        }
+        write_all("; exiting without saving\n");
         ::_exit(128 + signal);
     }
     if (request_stop(signal)) {
@@ -131,6 +156,7 @@ StopSignals::StopSignals(int rank, int world_size) {
                       rank, world_size, signal_name(signal));
     }
     clear_stop_request();
+    g_own_rank = rank;
     const std::string marker = comm::job_failure_marker_path();
     // Whole seconds, as st_mtime: one second of slack so that a marker written in the second the
     // job started still counts.

@@ -128,6 +128,29 @@ std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num
         fair);
 }
 
+void check_omp_num_threads(const char* value) {
+    if (!value || !*value)
+        return;
+    const std::string text = value;
+    bool ok = true;
+    for (size_t at = 0; ok && at <= text.size();) {
+        const size_t comma = std::min(text.find(',', at), text.size());
+        const std::string part = text.substr(at, comma - at);
+        ok = !part.empty() && part.size() <= 5 &&
+             part.find_first_not_of("0123456789") == std::string::npos && std::stol(part) >= 1 &&
+             std::stol(part) <= kMaxOmpThreads;
+        at = comma + 1;
+    }
+    if (!ok) {
+        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("OMP_NUM_THREADS={}: not a thread count OpenMP can start (give an "
+                                "integer from 1 to {}; this host has {} CPUs, and one thread per "
+                                "rank is what epo launch sets)",
+                                text, kMaxOmpThreads, cpus));
+    }
+}
+
 std::string omp_oversubscription_warning(int ranks_per_host) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -170,10 +193,11 @@ namespace {
 // The child the signal handler passes signals on to. Process-wide by nature (a signal is); set
 // once before the handlers are installed.
 volatile sig_atomic_t g_launch_child = 0;
-volatile sig_atomic_t g_forwarded = 0;  // a signal was passed on: the job's end is the user's
+volatile sig_atomic_t g_forwarded =
+    0;  // the signal passed on (0: none): the job's end is the user's
 
 void forward_signal(int signal) {
-    g_forwarded = 1;
+    g_forwarded = signal;
     if (g_launch_child > 0)
         kill(static_cast<pid_t>(g_launch_child), signal);
 }
@@ -373,6 +397,10 @@ int run_launch_forwarding(const std::vector<std::string>& argv, double failure_g
         (void)!write(STDERR_FILENO, message.data(), message.size());
     }
     return code;
+}
+
+int forwarded_signal() {
+    return g_forwarded;
 }
 
 LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s) {

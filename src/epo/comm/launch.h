@@ -43,6 +43,13 @@ std::string omp_oversubscription_warning(int ranks_per_host, const char* omp_num
 // The same for this process: its OMP_NUM_THREADS, affinity and the machine's online CPUs.
 std::string omp_oversubscription_warning(int ranks_per_host);
 
+// kUsage naming OMP_NUM_THREADS when it is set but is no thread count OpenMP can start: not a
+// positive integer (or a comma-separated list of them, OpenMP's nesting form), or more than
+// kMaxOmpThreads (OpenMP would try to start them all: 99999999999 was reported as "out of
+// memory" from deep inside oneDNN). Called before any kernel runs.
+inline constexpr long kMaxOmpThreads = 4096;
+void check_omp_num_threads(const char* omp_num_threads);
+
 // Raises epo::Error naming the option for bad values (no ranks, no command).
 std::vector<std::string> make_launch_command(const LaunchOptions& options, MpiFlavor flavor,
                                              bool as_root, int num_cores);
@@ -78,6 +85,10 @@ inline constexpr double kLauncherFailureGraceS = 30;
 int run_launch_forwarding(const std::vector<std::string>& argv,
                           double failure_grace_s = kLauncherFailureGraceS,
                           const std::vector<std::string>& rank_hosts = {});
+
+// The signal the last run_launch_forwarding() passed on to its launcher (SIGTERM, SIGINT,
+// SIGHUP), or 0: the job then ended because the user stopped it.
+int forwarded_signal();
 
 // The host of each of `num_ranks` ranks for a `--hosts` list ("a:2,b:2"; a host without ":n" has
 // one slot), as Open MPI and MPICH place ranks by default: each host's slots filled in order.

@@ -1,12 +1,15 @@
 #include "epo/comm/rank_runner.h"
 
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <new>
 #include <thread>
@@ -15,6 +18,13 @@
 #include "epo/core/error.h"
 
 namespace epo::comm {
+namespace {
+
+// When this process started (to the second, as st_mtime): a failure marker last written before
+// it belongs to another job.
+const std::time_t kProcessStart = std::time(nullptr);
+
+}  // namespace
 
 std::string describe_exception(const std::exception_ptr& error) {
     try {
@@ -71,6 +81,33 @@ int remove_stale_job_failure_markers(std::chrono::seconds max_age, const std::st
     return removed;
 }
 
+bool claim_job_failure_marker(const std::string& path, int rank, const std::string& message) {
+    // Written whole under a name of this process's own, then linked into place: link() fails
+    // when the marker exists, so the first rank to fail owns it and no reader sees half a file.
+    const std::string own = fmt::format("{}.{}", path, ::getpid());
+    const std::string first_line = message.substr(0, message.find('\n'));
+    {
+        FILE* f = std::fopen(own.c_str(), "w");
+        if (!f)
+            return false;
+        std::fprintf(f, "%d\n%.200s\n", rank, first_line.c_str());
+        if (std::fclose(f) != 0) {
+            std::remove(own.c_str());
+            return false;
+        }
+    }
+    bool claimed = ::link(own.c_str(), path.c_str()) == 0;
+    if (!claimed && errno == EEXIST) {
+        // A marker older than this process is another job's (a reused job id): replace it once.
+        struct stat existing {};
+        if (::stat(path.c_str(), &existing) == 0 && existing.st_mtime < kProcessStart - 1 &&
+            std::remove(path.c_str()) == 0)
+            claimed = ::link(own.c_str(), path.c_str()) == 0;
+    }
+    std::remove(own.c_str());
+    return claimed;
+}
+
 void abort_job(const std::string& message, int exit_status) {
     static std::atomic<bool> aborting{false};
     const int rank = current_world_rank();
@@ -83,12 +120,8 @@ void abort_job(const std::string& message, int exit_status) {
             std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     // Before MPI_Abort: the launcher's SIGTERM to the other ranks follows it.
-    if (const std::string marker = job_failure_marker_path(); !marker.empty() && size > 1) {
-        if (FILE* f = std::fopen(marker.c_str(), "w")) {
-            std::fprintf(f, "%d\n", rank);
-            std::fclose(f);
-        }
-    }
+    if (const std::string marker = job_failure_marker_path(); !marker.empty() && size > 1)
+        claim_job_failure_marker(marker, rank, message);
     int initialized = 0;
     int finalized = 0;
     MPI_Initialized(&initialized);

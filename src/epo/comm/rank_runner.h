@@ -33,6 +33,14 @@ std::string describe_exception(const std::exception_ptr& error);
 // (remove_stale_job_failure_markers, from StopSignals).
 std::string job_failure_marker_path();
 
+// Leaves this rank's failure in the marker at `path` ("R\n<first line of message>\n") unless a
+// rank of this job failed first: the first writer wins, so every rank torn down afterwards blames
+// the rank whose failure started the teardown (a stuck collective times out on several ranks
+// within moments; the last to write must not take the blame from the first). A marker older than
+// this process (another job's, under a reused job id) is replaced. True when this rank's failure
+// is the marker's.
+bool claim_job_failure_marker(const std::string& path, int rank, const std::string& message);
+
 // Removes /tmp/epo-job-*.failed files last written more than `max_age` ago; returns how many.
 // Best effort: a file another job removes first, or one this user may not remove, is skipped.
 int remove_stale_job_failure_markers(std::chrono::seconds max_age = std::chrono::hours(24),

@@ -111,10 +111,20 @@ void check_values(const RuleContext& ctx) {
     const TrainConfig& t = ctx.user.train;
     const int decay = lr_decay_iters(ctx.user);
     if (t.lr_warmup_iters > 0 && t.lr_warmup_iters >= decay) {
+        // The decay's end is often not a value the user set (it defaults to train_iters, which
+        // --max_steps sets, while a recipe sets the warm-up): name where each number comes from.
         ctx.error("TR001", "train.lr_warmup_iters", show(t.lr_warmup_iters),
-                  fmt::format("the warm-up ({} iterations) must end before the decay does ({})",
-                              t.lr_warmup_iters, decay),
-                  "make train.lr_warmup_iters smaller than train.lr_decay_iters");
+                  fmt::format("the warm-up ({} iterations) must end before the decay does (at "
+                              "iteration {}: {})",
+                              t.lr_warmup_iters, decay,
+                              t.lr_decay_iters ? "train.lr_decay_iters"
+                                               : "train.lr_decay_iters is null, so "
+                                                 "train.train_iters, which --max_steps sets"),
+                  fmt::format("lower train.lr_warmup_iters below {} (train.lr_warmup_iters=0 for "
+                              "a short test run), or raise {}",
+                              decay,
+                              t.lr_decay_iters ? "train.lr_decay_iters"
+                                               : "train.train_iters (--max_steps)"));
     }
     const OptimizerConfig& o = ctx.user.optimizer;
     if (o.min_lr > o.lr) {

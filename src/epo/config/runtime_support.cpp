@@ -27,6 +27,15 @@ std::optional<Use> when(bool used, std::string field, std::string value) {
     return used ? std::optional<Use>(Use{std::move(field), std::move(value)}) : std::nullopt;
 }
 
+// RT031's layout: an interleaved pipeline whose micro-batch count leaves a partial group of PP
+// (known once the world size is).
+bool interleaved_partial_group(const Config& c) {
+    const int pp = c.model.pipeline_model_parallel_size;
+    const std::int64_t n = num_microbatches(c);
+    return pp > 1 && virtual_pipeline_size(c.model) > 1 && world_size(c) > 0 && n > 0 &&
+           n % pp != 0;
+}
+
 const std::vector<FeatureRow>& rows() {
     using C = const Config&;
     using RC = RuntimeCapabilities;
@@ -39,12 +48,14 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             // The layouts of it that do not run have ids of their own (RT028, RT029, RT030).
-             return when(
-                 c.model.pipeline_model_parallel_size > 1 &&
-                     !c.model.share_embeddings_and_output_weights &&
-                     c.model.moe_ep_overlap_num_chunks <= 1 && !c.model.moe_ep_overlap_pair_edges,
-                 "model.pipeline_model_parallel_size", show(c.model.pipeline_model_parallel_size));
+             // The layouts of it that do not run have ids of their own (RT028, RT029, RT030,
+             // RT031).
+             return when(c.model.pipeline_model_parallel_size > 1 &&
+                             !c.model.share_embeddings_and_output_weights &&
+                             c.model.moe_ep_overlap_num_chunks <= 1 &&
+                             !c.model.moe_ep_overlap_pair_edges && !interleaved_partial_group(c),
+                         "model.pipeline_model_parallel_size",
+                         show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
         {{"RT003", "context parallelism (CP > 1)", &RC::context_parallel},
@@ -235,6 +246,21 @@ const std::vector<FeatureRow>& rows() {
                  "model.moe_ep_overlap_pair_edges", "true");
          },
          "set model.moe_ep_overlap_pair_edges=false, or model.pipeline_model_parallel_size=1"},
+        // The interleaved schedule (pipeline_schedule.h) runs micro-batches in groups of PP
+        // through each model chunk; the step plan refuses a count that leaves a partial group.
+        {{"RT031",
+          "the interleaved pipeline schedule with a micro-batch count that is not a multiple of "
+          "PP",
+          &RC::interleaved_partial_group},
+         [](C c) {
+             return when(
+                 interleaved_partial_group(c), "train.global_batch_size",
+                 fmt::format("{} ({} micro-batches per step, PP {})", show(global_batch_size(c)),
+                             num_microbatches(c), c.model.pipeline_model_parallel_size));
+         },
+         "use a global batch whose micro-batch count (global batch / (micro batch x DP)) is a "
+         "multiple of model.pipeline_model_parallel_size, or "
+         "model.virtual_pipeline_model_parallel_size=null"},
     };
     return table;
 }

@@ -50,6 +50,7 @@ struct RuntimeCapabilities {
     bool pipeline_tied_embeddings = false;    // RT028
     bool pipeline_token_chunks = false;       // RT029
     bool pipeline_pair_edges = false;         // RT030
+    bool interleaved_partial_group = false;   // RT031
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

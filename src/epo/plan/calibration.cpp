@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "epo/core/error.h"
+#include "epo/io/files.h"
 #include "epo/kernels/activation.h"
 #include "epo/kernels/gemm.h"
 #include "epo/tensor/random.h"
@@ -221,15 +222,14 @@ void write_calibration(const std::filesystem::path& path, const Calibration& c) 
     j["flex_overlap_slowdown"] = p.flex_overlap_slowdown;
     j["node_overhead_us"] = p.node_overhead_us;
     j["how"] = c.how;
-    std::ofstream out(path);
-    out << j.dump(2) << "\n";
-    if (!out) {
-        throw Error(ErrorKind::kIo,
-                    fmt::format("cannot write the calibration file {}", path.string()));
-    }
+    io::write_file_atomically(path, j.dump(2) + "\n", "the calibration file");
 }
 
 Calibration read_calibration(const std::filesystem::path& path) {
+    // A directory, a FIFO or a device is refused by name (a FIFO would block the read for good);
+    // a missing file gets the fix below.
+    if (std::error_code ec; std::filesystem::exists(path, ec))
+        io::require_regular_file(path, "--calibration");
     std::ifstream in(path);
     if (!in) {
         throw Error(ErrorKind::kIo,
@@ -270,7 +270,9 @@ Calibration read_calibration(const std::filesystem::path& path) {
         const char* key;
         double value;
         double lo, hi;
-    } checks[] = {{"gemm_efficiency", p.gemm_efficiency, 1e-3, 1},
+    } checks[] = {{"peak_bf16_tflops", c.peak_bf16_tflops.value_or(1), 1e-6, 1e6},
+                  {"memory_tbps", c.memory_tbps.value_or(1), 1e-6, 1e6},
+                  {"gemm_efficiency", p.gemm_efficiency, 1e-3, 1},
                   {"dgrad_efficiency", p.dgrad_efficiency, 1e-3, 2},
                   {"wgrad_efficiency", p.wgrad_efficiency, 1e-3, 2},
                   {"gemm_half_dim", p.gemm_half_dim, 0, 1e5},

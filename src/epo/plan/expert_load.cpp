@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "epo/core/error.h"
+#include "epo/io/files.h"
 
 namespace epo::plan {
 
@@ -91,6 +92,11 @@ ExpertLoadImbalance parse_expert_load_imbalance(const std::string& value) {
     std::error_code fs_error;
     if (std::filesystem::is_directory(path, fs_error))
         path /= "metrics.json";
+    try {
+        io::require_regular_file(path, "--expert_load_imbalance");
+    } catch (const Error& e) {
+        refuse(value, fmt::format("neither a number nor a readable file: {}", e.what()));
+    }
     std::ifstream in(path);
     if (!in)
         refuse(value, fmt::format("neither a number nor a readable file ({})", path.string()));

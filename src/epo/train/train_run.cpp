@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <ostream>
 
@@ -134,6 +135,7 @@ config::ValidationReport prepare_run_config(const config::ConfigSources& sources
 }
 
 TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
+    comm::check_omp_num_threads(std::getenv("OMP_NUM_THREADS"));  // before any kernel runs
     const int rank = comm::current_world_rank();
     const comm::JobShape job = comm::current_job_shape();
     const config::ValidationReport report = prepare_run_config(options.sources, job);
