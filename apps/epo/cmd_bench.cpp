@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "epo/bench/bench_report.h"
 #include "epo/bench/bench_run.h"
+#include "epo/checkpoint/stop_signal.h"
 #include "epo/comm/launch.h"
 #include "epo/comm/rank_runner.h"
 #include "epo/config/overrides.h"
@@ -124,7 +125,7 @@ void launch(bench::BenchOptions options) {
         // finished run (check-run reports the mark).
         const bool marked = bench::mark_run_stopped(out, signal, status);
         std::cerr << fmt::format("epo bench: stopped by {} before the run finished; {}\n",
-                                 strsignal(signal),
+                                 checkpoint::signal_name(signal),
                                  marked ? fmt::format("{} is incomplete (marked by its file {})",
                                                       out, bench::kStoppedMarker)
                                         : "no run directory was written");

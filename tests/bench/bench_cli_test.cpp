@@ -2,10 +2,15 @@
 // refused before any rank starts (no launcher line, no run directory), and a small --compare
 // run started by epo itself through mpirun leaves a run directory that check-run passes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
 
 #include "epo/bench/bench_run.h"
 #include "epo/bench/check_run.h"
@@ -66,6 +71,8 @@ TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
          1,
          "num_moe_experts"},
         {with({"-ep", "2", "--warmup_steps", "5", "--max_steps", "5"}), 2, "--warmup_steps 5"},
+        // 0 silently meant the default (2 with --compare).
+        {with({"-ep", "2", "--repeats", "0"}), 2, "--repeats 0: give 1 or more"},
     };
     for (const Rejection& c : cases) {
         const fs::path out = temp_dir("rejected");
@@ -83,6 +90,122 @@ TEST(BenchCli, RefusesBadInputBeforeAnyRankStarts) {
         EXPECT_EQ(r.stdout_text.find("ranks ("), std::string::npos) << line;  // no launch
         EXPECT_FALSE(fs::exists(out)) << line;
     }
+}
+
+TEST(BenchCli, RefusesAnOutPathItCannotCreateBeforeAnyRankStarts) {
+    // A symbolic link to a directory that is gone: refused naming the link's target (it failed
+    // only after the ranks started).
+    const fs::path link = temp_dir("dangling");
+    fs::create_symlink(temp_dir("gone"), link);
+    const comm::LaunchResult r = epo({"bench", "--model", "tiny-moe", "--num_nodes", "2",
+                                      "--gpus_per_node", "1", "-ep", "2", "--out", link.string()});
+    EXPECT_EQ(r.exit_status, 2) << r.stderr_text;
+    EXPECT_NE(r.stderr_text.find("it is a symbolic link to '" + temp_dir("gone").string() +
+                                 "', which does not exist"),
+              std::string::npos)
+        << r.stderr_text;
+    EXPECT_EQ(r.stdout_text.find("ranks ("), std::string::npos);  // no launch
+    fs::remove(link);
+}
+
+// A bench its user stops (SIGTERM to epo bench, as `kill` or a scheduler sends it) says so, exits
+// 128 + the signal, and marks the run directory so that nobody reads it as a finished run. It
+// exited 1 in 0.14 s with no message and an unmarked partial directory.
+TEST(BenchCli, AStoppedBenchSaysSoAndMarksItsRunDirectory) {
+    const fs::path out = temp_dir("stopped");
+    int err[2];
+    ASSERT_EQ(pipe(err), 0);
+    const std::vector<std::string> args = {
+        epo_binary(),           "bench", "--model", "tiny-moe",   "--num_nodes",        "2",
+        "--gpus_per_node",      "1",     "-ep",     "2",          "--max_steps",        "100000",
+        "--comm_compute_ratio", "0",     "--out",   out.string(), "model.seq_length=32"};
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        dup2(err[1], STDERR_FILENO);
+        close(err[0]);
+        std::vector<char*> argv;
+        for (const std::string& a : args)
+            argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        execv(argv[0], argv.data());
+        _exit(127);
+    }
+    close(err[1]);
+    // Stop it once its ranks run (rank 0 has logged the baseline's configuration), a moment
+    // into the training.
+    const auto t0 = std::chrono::steady_clock::now();
+    bool training = false;
+    while (!training && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(90)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        std::ifstream log(out / "logs" / "rank-0.log");
+        const std::string text((std::istreambuf_iterator<char>(log)), {});
+        training = text.find("# run: baseline") != std::string::npos;
+    }
+    EXPECT_TRUE(training) << "the ranks never started the baseline";
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    kill(pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ADD_FAILURE() << "epo bench did not end within 60 s of SIGTERM";
+    }
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = read(err[0], buf, sizeof buf)) > 0;)
+        text.append(buf, static_cast<size_t>(n));
+    close(err[0]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status << text;
+    EXPECT_NE(text.find("epo bench: stopped by SIGTERM before the run finished; " + out.string() +
+                        " is incomplete (marked by its file STOPPED)"),
+              std::string::npos)
+        << text;
+    std::ifstream marker(out / kStoppedMarker);
+    std::string line;
+    std::getline(marker, line);
+    EXPECT_NE(line.find("stopped by SIGTERM at "), std::string::npos) << line;
+    const comm::LaunchResult check = epo({"check-run", out.string()});
+    EXPECT_EQ(check.exit_status, 1);
+    EXPECT_NE(check.stdout_text.find("the run did not finish"), std::string::npos)
+        << check.stdout_text;
+    fs::remove_all(out);
+}
+
+// W012 (one micro-batch: nothing to overlap) shows in the bench's own output, as epo validate
+// prints it for the same flags.
+TEST(BenchCli, PrintsTheValidationWarningsOfWhatItRuns) {
+    const fs::path out = temp_dir("w012");
+    const comm::LaunchResult r = epo({"bench",
+                                      "--model",
+                                      "tiny-moe",
+                                      "--num_nodes",
+                                      "2",
+                                      "--gpus_per_node",
+                                      "1",
+                                      "-ep",
+                                      "2",
+                                      "-gb",
+                                      "4",
+                                      "--max_steps",
+                                      "3",
+                                      "--compare",
+                                      "--repeats",
+                                      "1",
+                                      "--comm_compute_ratio",
+                                      "0",
+                                      "--out",
+                                      out.string(),
+                                      "model.seq_length=32",
+                                      "train.lr_warmup_iters=0"},
+                                     240);
+    EXPECT_EQ(r.exit_status, 0) << r.stderr_text;
+    EXPECT_NE(r.stdout_text.find("W012"), std::string::npos) << r.stdout_text;
+    // One measured step per run: the table says its speedups cannot be used.
+    EXPECT_NE(r.stdout_text.find("warning (too_few_steps)"), std::string::npos) << r.stdout_text;
+    fs::remove_all(out);
 }
 
 // The proxy calibrates its link to comm = compute unless a ratio or a fixed link is given; a named
@@ -160,8 +283,7 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
               std::string::npos)
         << ok.stdout_text;
     // Three measured steps per run (4, less the warm-up): enough to use the speedups.
-    EXPECT_EQ(ok.stdout_text.find("measured step(s) against"), std::string::npos)
-        << ok.stdout_text;
+    EXPECT_EQ(ok.stdout_text.find("measured step(s) against"), std::string::npos) << ok.stdout_text;
 
     // A run its user stopped (epo bench marks the directory) is not a finished run.
     ASSERT_TRUE(mark_run_stopped(out, SIGTERM, 143));

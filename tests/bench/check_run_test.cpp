@@ -4,7 +4,6 @@
 #include "epo/bench/check_run.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -116,8 +115,8 @@ nlohmann::json full_metrics() {
 }
 
 std::string verdicts_for(const nlohmann::json& metrics) {
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                      ("epo_check_run_" + std::to_string(::getpid()));
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("epo_check_run_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "metrics.json") << metrics.dump();
     const std::string out = format_verdicts(check_run_dir(dir));
@@ -171,8 +170,9 @@ TEST(CheckRun, SpeedupsAboveTheCapOrFromTooFewStepsFail) {
     m["runs"][0]["step_times_s"] = {1.4, 2.0, 2.1};  // the baseline's fastest beats 1.5 s
     m["runs"][0]["step_time_s"]["min"] = 1.4;
     const std::string noisy = verdicts_for(m);
-    EXPECT_NE(noisy.find("WARN  speedups measured, not claimed: overlap: 1.33x is within the noise"),
-              std::string::npos)
+    EXPECT_NE(
+        noisy.find("WARN  speedups measured, not claimed: overlap: 1.33x is within the noise"),
+        std::string::npos)
         << noisy;
 }
 

@@ -62,8 +62,9 @@ TEST(Trust, TooFewStepsAndTheNoiseAreFlagged) {
     EXPECT_EQ(ids(flags), std::vector<std::string>{"within_noise"});
     EXPECT_FALSE(flags[0].fatal);
     EXPECT_TRUE(trust_json(flags).at("ok").get<bool>());
-    EXPECT_NE(format_trust(flags).find("warning (within_noise): overlap: 1.05x is within the noise"),
-              std::string::npos)
+    EXPECT_NE(
+        format_trust(flags).find("warning (within_noise): overlap: 1.05x is within the noise"),
+        std::string::npos)
         << format_trust(flags);
 }
 

@@ -13,6 +13,7 @@
 #include <ostream>
 
 #include "epo/bench/trace.h"
+#include "epo/checkpoint/stop_signal.h"
 #include "epo/comm/launch.h"
 #include "epo/comm/link_limits.h"
 #include "epo/comm/mpi_runtime.h"
@@ -567,10 +568,7 @@ bool mark_run_stopped(const std::filesystem::path& dir, int signal, int status) 
     out << fmt::format(
         "stopped by {} at {} before the run finished (launcher exit status {}): metrics.json, "
         "report.html and trace.json are missing or partial; rerun to measure\n",
-        signal == SIGINT   ? "SIGINT"
-        : signal == SIGHUP ? "SIGHUP"
-                           : "SIGTERM",
-        stamp, status);
+        checkpoint::signal_name(signal), stamp, status);
     out.close();
     return static_cast<bool>(out);
 }

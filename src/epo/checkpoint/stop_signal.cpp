@@ -138,6 +138,8 @@ const char* signal_name(int signal) {
             return "SIGTERM";
         case SIGINT:
             return "SIGINT";
+        case SIGHUP:
+            return "SIGHUP";
         default:
             return "signal";
     }
