@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 source scripts/mpi_env.sh
+# MPI jobs rerun after Open MPI's teardown race (scripts/mpi_test_run.sh), listed at the end.
+export EPO_MPI_RERUN_LOG=$(mktemp)
+trap 'if [[ -s $EPO_MPI_RERUN_LOG ]]; then echo "test.sh: MPI jobs rerun:"; cat "$EPO_MPI_RERUN_LOG"; fi; rm -f "$EPO_MPI_RERUN_LOG"' EXIT
 
 scripts/build.sh release
 ctest --preset release -j2

@@ -50,6 +50,23 @@ printf '%s\n%s\n' "$passed" "$race" > "$dir/out1"; echo 1 > "$dir/rc1"
 printf '%s\n%s\n' "$passed" "$race" > "$dir/out2"; echo 1 > "$dir/rc2"
 expect "a second failure is the job's" 1 2
 
+# "exiting improperly" alone is not the race: a rank that really died says so too (PID not 0).
+printf '%s\n%s\n' "$passed" 'mpiexec has exited due to process rank 2 with PID 4711 on
+node vm exiting improperly. There are three reasons this could occur:' > "$dir/out1"
+echo 1 > "$dir/rc1"
+expect "a rank that exited improperly with its PID is not rerun" 1 1
+
+# A rerun is recorded for the suite's summary.
+export EPO_MPI_RERUN_LOG=$dir/reruns
+printf '%s\n%s\n' "$passed" "$race" > "$dir/out1"; echo 1 > "$dir/rc1"
+printf '%s\n' "$passed" > "$dir/out2"
+expect "a rerun is recorded in EPO_MPI_RERUN_LOG" 0 2
+if ! grep -q "rerun after Open MPI's teardown race: $dir/launcher -n 4 ./test" "$dir/reruns"; then
+    echo "FAIL the rerun was not recorded: $(cat "$dir/reruns" 2>/dev/null)"
+    failures=$((failures + 1))
+fi
+unset EPO_MPI_RERUN_LOG
+
 printf '[  FAILED  ] Suite.Case\n%s\n' "$race" > "$dir/out1"; echo 1 > "$dir/rc1"
 expect "a failing test is not rerun" 1 1
 
