@@ -153,6 +153,32 @@ TEST(Checkpoint, TruncatedFileIsRefusedNamingTheSizes) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Two ranks' files swapped by hand (as after a copy that mixed up stage files) are named as
+// such, not as truncated: each file is whole, under the other rank's name.
+TEST(Checkpoint, SwappedRankFilesAreNamedAsSwapped) {
+    if (comm::current_world_size() < 2)
+        GTEST_SKIP() << "needs two ranks";
+    const fs::path dir = epo::testing::shared_temp_dir("swapped");
+    const fs::path saved = save_checkpoint(dir, info(3), rank_tensors(3), control());
+    const int last = comm::current_world_size() - 1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (comm::current_world_rank() == 0) {
+        fs::rename(saved / rank_file_name(0), saved / "swap");
+        fs::rename(saved / rank_file_name(last), saved / rank_file_name(0));
+        fs::rename(saved / "swap", saved / rank_file_name(last));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string error =
+        agreed_error([&] { read_rank_checkpoint(saved, comm::current_world_rank(), layout()); });
+    EXPECT_NE(error.find(fmt::format("holds rank {}'s state (its size and SHA-256 are those saved "
+                                     "for '{}'): the rank files were swapped or renamed",
+                                     last, rank_file_name(last))),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(error.find("truncated"), std::string::npos) << error;
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(Checkpoint, FilesOfAnotherCheckpointAreRefused) {
     const fs::path dir = epo::testing::shared_temp_dir("mixed");
     save_checkpoint(dir, info(1), rank_tensors(1), control());

@@ -347,13 +347,29 @@ RankCheckpoint read_rank_checkpoint(const fs::path& checkpoint_dir, int rank,
                                                 path.string()));
     }
     const std::vector<std::byte> bytes = read_file_bytes(path);
+    const std::string digest = sha256_hex(bytes);
+    // A file whose size and SHA-256 match another rank's record is that rank's file under this
+    // rank's name (swapped or renamed by hand), not a truncated or corrupt one: say so.
+    if (static_cast<int64_t>(bytes.size()) != record.bytes || digest != record.sha256) {
+        for (size_t r = 0; r < meta.files.size(); ++r) {
+            if (static_cast<int>(r) != rank &&
+                meta.files[r].bytes == static_cast<int64_t>(bytes.size()) &&
+                meta.files[r].sha256 == digest) {
+                throw Error(ErrorKind::kIo,
+                            fmt::format("checkpoint file '{}' holds rank {}'s state (its size and "
+                                        "SHA-256 are those saved for '{}'): the rank files were "
+                                        "swapped or renamed; give each its saved name back, or "
+                                        "load an older checkpoint",
+                                        path.string(), r, meta.files[r].name));
+            }
+        }
+    }
     if (static_cast<int64_t>(bytes.size()) != record.bytes) {
         throw Error(ErrorKind::kIo,
                     fmt::format("checkpoint file '{}' has {} bytes, {} when it was saved: it is "
                                 "truncated or was overwritten; load an older checkpoint",
                                 path.string(), bytes.size(), record.bytes));
     }
-    const std::string digest = sha256_hex(bytes);
     if (digest != record.sha256) {
         throw Error(ErrorKind::kIo,
                     fmt::format("checkpoint file '{}' is corrupt: its SHA-256 is {}, {} when it "

@@ -149,9 +149,10 @@ StopSignals::StopSignals(int rank, int world_size) {
     EPO_CHECK(!g_installed.exchange(true), "only one StopSignals may exist at a time");
     for (int signal : {SIGTERM, SIGINT}) {
         std::snprintf(g_first_message[slot(signal)], sizeof g_first_message[0],
-                      "epo: rank %d of %d received %s: stopping after the current step (the ranks "
-                      "agree, save a checkpoint if checkpoint.save is set, and exit 0); send it "
-                      "again to exit at once without saving\n",
+                      "epo: rank %d of %d received %s: stopping after the current step (if "
+                      "every rank is still running, the ranks agree, save a checkpoint if "
+                      "checkpoint.save is set, and exit 0); send it again to exit at once "
+                      "without saving\n",
                       rank, world_size, signal_name(signal));
         std::snprintf(g_second_message[slot(signal)], sizeof g_second_message[0],
                       "epo: rank %d of %d received a second %s: exiting at once without saving\n",
