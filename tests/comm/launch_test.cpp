@@ -3,10 +3,14 @@
 #include "epo/comm/launch.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 
+#include "epo/comm/rank_runner.h"
 #include "epo/core/error.h"
 
 namespace epo::comm {
@@ -183,4 +187,58 @@ TEST(Launch, ForwardingSaysSoWhenTheJobEndsWithoutARanksMessage) {
     EXPECT_EQ(testing::internal::GetCapturedStderr().find("epo launch:"), std::string::npos);
 }
 
+}  // namespace epo::comm
+
+namespace epo::comm {
+namespace {
+
+// The watcher a failing rank leaves over its launcher (rank_runner.h): it ends a launcher that
+// outlives the grace, and goes away at once, signalling nothing, when the launcher ends by itself.
+pid_t spawn_sleeper(const char* seconds) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        execlp("sleep", "sleep", seconds, static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    return pid;
+}
+
+TEST(LauncherWatch, EndsALauncherThatOutlivesTheGrace) {
+    const pid_t launcher = spawn_sleeper("60");
+    ASSERT_GT(launcher, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int watcher =
+        start_launcher_watch(launcher, std::chrono::milliseconds(500), "epo: test watcher");
+    ASSERT_GT(watcher, 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+    EXPECT_GE(took, 0.4);
+    EXPECT_LT(took, 5.0);
+    waitpid(watcher, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(LauncherWatch, LeavesAtOnceWhenTheLauncherEndsByItself) {
+    const pid_t launcher = spawn_sleeper("0.3");
+    ASSERT_GT(launcher, 0);
+    const int watcher = start_launcher_watch(launcher, std::chrono::seconds(30), "unused");
+    ASSERT_GT(watcher, 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the launcher was signalled";
+    // The watcher sees the launcher gone (reaped: its /proc entry is gone) within its poll.
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(waitpid(watcher, &status, 0), watcher);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    // Not an MPI launcher: a rank under a plain shell never starts one.
+    EXPECT_TRUE(is_mpi_launcher_name("mpirun"));
+    EXPECT_TRUE(is_mpi_launcher_name("orted"));
+    EXPECT_FALSE(is_mpi_launcher_name("bash"));
+    EXPECT_FALSE(is_mpi_launcher_name("epo"));
+}
+
+}  // namespace
 }  // namespace epo::comm

@@ -403,11 +403,21 @@ void Communicator::move_data(const Op& op, OpStats& stats) {
                             remote_peer ? rate_.bytes_per_s() : 0);
     const auto timeout = std::chrono::nanoseconds(std::llround(options_.timeout_s * 1e9));
     const auto deadline = start + timeout;
+    // An MPI call that never returns cannot say which peer it waits for; the peers this rank
+    // exchanges data with can be named (with two ranks, that is the silent one).
+    std::vector<int> peers;
+    for (const Transfer& t : transfers_) {
+        const int w = members_.world_ranks[static_cast<size_t>(t.peer)];
+        if (t.peer != rank_ && std::find(peers.begin(), peers.end(), w) == peers.end())
+            peers.push_back(w);
+    }
+    std::sort(peers.begin(), peers.end());
     auto guard = watchdog_->watch(
         fmt::format("watchdog: {}: every rank arrived but the data exchange did not finish within "
                     "{} s (comm.timeout_s) and an MPI call has not returned since; a peer died or "
-                    "MPI itself is stuck",
-                    describe(op), options_.timeout_s),
+                    "MPI itself is stuck (this rank's data goes to and comes from world rank(s) "
+                    "{}: the silent one is among them)",
+                    describe(op), options_.timeout_s, rank_list(peers)),
         deadline + std::chrono::seconds(1));
     ProgressCount count;
     const bool ok = progress_requests(

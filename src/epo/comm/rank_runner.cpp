@@ -1,14 +1,18 @@
 #include "epo/comm/rank_runner.h"
 
+#include <fcntl.h>
 #include <mpi.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <new>
@@ -81,6 +85,111 @@ int remove_stale_job_failure_markers(std::chrono::seconds max_age, const std::st
     return removed;
 }
 
+namespace {
+
+// Field 22 of /proc/PID/stat (the start time in clock ticks), or 0 when the process is gone.
+// Only open/read/close and arithmetic: safe in a forked child of a multi-threaded process.
+unsigned long long process_start_time(int pid) {
+    char path[64] = "/proc/";
+    int at = 6;
+    char digits[16];
+    int n = 0;
+    for (int v = pid; n == 0 || v > 0; v /= 10)
+        digits[n++] = static_cast<char>('0' + v % 10);
+    while (n > 0)
+        path[at++] = digits[--n];
+    const char tail[] = "/stat";
+    for (const char c : tail)
+        path[at++] = c;
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char text[1024];
+    const ssize_t got = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (got <= 0)
+        return 0;
+    text[got] = '\0';
+    // The name (field 2) may hold spaces: count fields after its last closing parenthesis.
+    ssize_t i = got - 1;
+    while (i > 0 && text[i] != ')')
+        --i;
+    if (i + 2 < got && text[i + 2] == 'Z')
+        return 0;  // a zombie has ended; only its parent has not reaped it yet
+    int field = 2;
+    unsigned long long value = 0;
+    for (++i; i < got; ++i) {
+        if (text[i] == ' ') {
+            if (++field > 22)
+                break;
+        } else if (field == 22 && text[i] >= '0' && text[i] <= '9') {
+            value = value * 10 + static_cast<unsigned>(text[i] - '0');
+        }
+    }
+    return value;
+}
+
+void sleep_ms(long ms) {
+    timespec t{ms / 1000, (ms % 1000) * 1000000L};
+    while (::nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+}  // namespace
+
+bool is_mpi_launcher_name(std::string_view comm) {
+    for (const std::string_view name : {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
+                                        "mpiexec.hydra", "hydra_pmi_proxy"}) {
+        if (comm == name)
+            return true;
+    }
+    return false;
+}
+
+int start_launcher_watch(int launcher, std::chrono::milliseconds grace,
+                         const std::string& message) {
+    const unsigned long long started = process_start_time(launcher);
+    if (launcher <= 1 || started == 0)
+        return -1;
+    // Everything the child needs, prepared here: after fork() it may only make system calls.
+    const std::string stderr_path = fmt::format("/proc/{}/fd/2", launcher);
+    const std::string line = message + "\n";
+    const pid_t pid = ::fork();
+    if (pid != 0)
+        return pid < 0 ? -1 : static_cast<int>(pid);
+    // The watcher: its own session (the job's signals to the rank's group miss it), none of the
+    // rank's files (the launcher's output pipes must close when the ranks end).
+    ::setsid();
+    for (int fd = 0; fd < 1024; ++fd)
+        ::close(fd);
+    const auto alive = [&] { return process_start_time(launcher) == started; };
+    for (long waited = 0; waited < grace.count(); waited += 100) {
+        if (!alive())
+            ::_exit(0);
+        sleep_ms(100);
+    }
+    if (!alive())
+        ::_exit(0);
+    // Said where the launcher's own errors go (its stderr, not the ranks' pipes), then SIGKILL:
+    // Open MPI's mpirun answers SIGTERM in that state with a segmentation fault and a backtrace
+    // that reads as the cause (measured here). The launcher's own descriptor is borrowed
+    // (pidfd_getfd: its offset too, so a shell's next line into the same file does not overwrite
+    // this one); where the kernel refuses, its path is opened for appending.
+    int fd = -1;
+    if (const long pidfd = ::syscall(SYS_pidfd_open, launcher, 0); pidfd >= 0) {
+        fd = static_cast<int>(::syscall(SYS_pidfd_getfd, static_cast<int>(pidfd), 2, 0));
+        ::close(static_cast<int>(pidfd));
+    }
+    if (fd < 0)
+        fd = ::open(stderr_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)!::write(fd, line.data(), line.size());
+        ::close(fd);
+    }
+    ::kill(launcher, SIGKILL);
+    ::_exit(0);
+}
+
 bool claim_job_failure_marker(const std::string& path, int rank, const std::string& message) {
     // Written whole under a name of this process's own, then linked into place: link() fails
     // when the marker exists, so the first rank to fail owns it and no reader sees half a file.
@@ -126,8 +235,28 @@ void abort_job(const std::string& message, int exit_status) {
     int finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (initialized && !finalized)
+    if (initialized && !finalized) {
+        // Only under a launcher that can hang on a silent host (rank_runner.h).
+        if (size > 1) {
+            char comm[64] = "";
+            if (FILE* f = std::fopen(fmt::format("/proc/{}/comm", ::getppid()).c_str(), "r")) {
+                if (std::fgets(comm, sizeof comm, f))
+                    comm[std::strcspn(comm, "\n")] = '\0';
+                std::fclose(f);
+            }
+            if (is_mpi_launcher_name(comm)) {
+                start_launcher_watch(
+                    ::getppid(), kLauncherWatchGrace,
+                    fmt::format("epo: {} (pid {}) was still running {} s after rank {} of {} "
+                                "failed and ended the job (Open MPI waits for good on the daemon "
+                                "of a host that stopped answering); rank {} ended it (SIGKILL): "
+                                "the job failed, see rank {}'s message above",
+                                comm, ::getppid(), kLauncherWatchGrace.count(), rank, size, rank,
+                                rank));
+            }
+        }
         MPI_Abort(MPI_COMM_WORLD, exit_status);
+    }
     // Without MPI (or if MPI_Abort returned), end this process: nothing else can be trusted.
     _exit(exit_status);
 }

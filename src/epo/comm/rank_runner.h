@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "epo/comm/mpi_runtime.h"
 
@@ -45,6 +46,25 @@ bool claim_job_failure_marker(const std::string& path, int rank, const std::stri
 // Best effort: a file another job removes first, or one this user may not remove, is skipped.
 int remove_stale_job_failure_markers(std::chrono::seconds max_age = std::chrono::hours(24),
                                      const std::string& directory = "/tmp");
+
+// Open MPI's launcher can wait for good after an MPI_Abort when a host stopped answering: it
+// queues the kill of that host's processes on a TCP connection the cut link never acknowledges
+// (keepalive probes only idle connections, and the kernel retransmits for ~15 minutes), so a
+// plain `mpirun` job never ended (3 of 3 tries past 200 s; measured here: mpirun idle in its
+// event loop, every rank gone). Before MPI_Abort, a failing rank whose parent is an MPI launcher
+// or daemon (mpirun, mpiexec, orterun, orted, prterun, prted) starts a detached watcher: it exits
+// as soon as that parent does (every job Open MPI ends by itself, within a second or two), and
+// otherwise, after `grace`, writes `message` to the launcher's own stderr and ends it with
+// SIGKILL (mpirun answers SIGTERM in that state with a segmentation fault whose backtrace reads
+// as the cause). The watcher holds none of the rank's files, so the launcher's output channels
+// close as usual.
+inline constexpr std::chrono::seconds kLauncherWatchGrace{15};
+// Whether a process name (/proc/PID/comm) is an MPI launcher or daemon the watcher may end.
+bool is_mpi_launcher_name(std::string_view comm);
+// Starts the watcher over `launcher` (a pid; its start time pins it, so a reused pid is never
+// signalled). Returns the watcher's pid, or -1 when it could not start. Async-signal-safe in the
+// child; the parent returns at once.
+int start_launcher_watch(int launcher, std::chrono::milliseconds grace, const std::string& message);
 
 // Prints "epo: rank R of N failed: <message>" and ends the whole job (MPI_Abort with
 // `exit_status`; without MPI, the process exits with it). The first caller wins: a second
