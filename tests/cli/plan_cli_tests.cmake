@@ -53,3 +53,8 @@ epo_cli_test(plan_calibration_is_a_directory 2 "--calibration tests: it is a dir
              plan ${_epo_qwen_h100} --calibration tests)
 epo_cli_test(plan_calibration_is_a_device 2 "--calibration /dev/null: it is a device" RUN
              plan ${_epo_qwen_h100} --calibration /dev/null)
+# A bad figure inside a calibration file is blamed on the file and its field, not on the
+# --peak_bf16_tflops flag the user never passed.
+epo_cli_test(plan_calibration_bad_figure 2
+             "calibration file tests/data/calibration-bad-peak.json: peak_bf16_tflops = -5 is outside"
+             RUN plan ${_epo_qwen_h100} --calibration tests/data/calibration-bad-peak.json)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Soak of a cut link (outside CI, minutes per try): over two emulated hosts, trains tiny-moe in
+# several layouts, cuts host 1's link at a random moment of a step, and checks that the job ends
+# within comm.timeout_s + 30 s with a failed status, a message naming the failed rank, no
+# segmentation fault, and no epo process left on either host. Under both launchers: plain
+# `mpirun` and `epo launch`.
+#   scripts/cut_link_soak.sh [TRIES_PER_CASE] [EPO_BINARY]     (root; iproute2)
+# Prints one line per try and a count per case; exits 1 if any try failed.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+tries=${1:-20}
+epo=${2:-$root/build/release/bin/epo}
+export EPO_CLUSTER_NAME=eposoak
+cluster="$root/scripts/emulated-cluster.sh"
+timeout_s=10
+base="--model tiny-moe --num_nodes 2 --gpus_per_node 1 --max_steps 100000 comm.timeout_s=$timeout_s"
+# Where the cut lands: the layout decides what is in flight at a random moment of a step.
+declare -A cases=(
+  [alltoall_overlap]="-ep 2 --moe_a2a_overlap true"
+  [dp_reduction]="-ep 1 model.num_moe_experts=4"
+  [pipeline_transfer]="-pp 2 -ep 1 model.num_layers=4"
+  [flex_dispatch]="-ep 2 --moe_flex_dispatcher_backend deepep --moe_a2a_overlap true"
+  [param_gather]="-ep 2 ddp.use_distributed_optimizer=true ddp.overlap_param_gather=true"
+)
+failed=0
+out=$(mktemp -d)
+trap '"$cluster" down >/dev/null 2>&1; rm -rf "$out"' EXIT
+for name in "${!cases[@]}"; do
+  for launcher in mpirun epo_launch; do
+    ok=0
+    for ((t = 1; t <= tries; ++t)); do
+      "$cluster" down >/dev/null 2>&1
+      "$cluster" up 2 1gbit >/dev/null || { echo "cannot build the cluster"; exit 1; }
+      args="$base ${cases[$name]} logger.log_dir=$out/runs"
+      if [[ $launcher == mpirun ]]; then
+        cmd="timeout -s KILL 200 mpirun \$EPO_MPIRUN_FLAGS -H \"\$EPO_CLUSTER_HOSTS\" -np 2 -x OMP_NUM_THREADS=1 $epo train $args"
+      else
+        cmd="timeout -s KILL 200 $epo launch --omp-threads 1 --hosts \"\$EPO_CLUSTER_HOSTS\" -n 2 $epo train $args"
+      fi
+      "$cluster" run bash -c "$cmd; echo \"exit status \$?\"" >"$out/run.txt" 2>&1 &
+      for ((i = 0; i < 600; ++i)); do grep -q "iteration        3/" "$out/run.txt" && break; sleep 0.1; done
+      sleep "0.$((RANDOM % 10))$((RANDOM % 10))"  # a random moment of a step
+      "$cluster" cut 1
+      at=$(date +%s)
+      for ((i = 0; i < 1200; ++i)); do grep -q "^exit status" "$out/run.txt" && break; sleep 0.1; done
+      took=$(($(date +%s) - at))
+      sleep 3
+      left=0
+      for h in 0 1; do
+        for p in $(ip netns pids "$EPO_CLUSTER_NAME-h$h" 2>/dev/null); do
+          tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "^$epo " && left=$((left + 1))
+        done
+      done
+      why=""
+      grep -q "^exit status" "$out/run.txt" || why+=" no-end"
+      grep -q "^exit status 0$" "$out/run.txt" && why+=" status-0"
+      grep -Eq "epo: rank [0-9]+ of 2 failed" "$out/run.txt" || why+=" no-rank-named"
+      grep -q "Segmentation fault" "$out/run.txt" && why+=" segfault"
+      ((took <= timeout_s + 30)) || why+=" slow"
+      ((left == 0)) || why+=" left=$left"
+      wait
+      if [[ -z $why ]]; then ok=$((ok + 1)); else failed=1; cp "$out/run.txt" "/tmp/soak-$name-$launcher-$t.txt"; fi
+      echo "$name $launcher try $t: ended ${took}s after the cut$([[ -n $why ]] && echo " FAILED:$why (log /tmp/soak-$name-$launcher-$t.txt)")"
+    done
+    echo "== $name under $launcher: $ok of $tries tries passed"
+  done
+done
+exit $failed
