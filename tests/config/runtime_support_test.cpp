@@ -74,6 +74,8 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.overlap_moe_expert_parallel_comm = true;
              c.model.moe_ep_overlap_pair_edges = true;
          }},
+        {"RT031", [](Config& c) { c.model.account_for_loss_in_pipeline_split = true; }},
+        {"RT032", [](Config& c) { c.model.fp8 = "e4m3"; }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;

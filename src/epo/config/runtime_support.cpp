@@ -235,6 +235,36 @@ const std::vector<FeatureRow>& rows() {
                  "model.moe_ep_overlap_pair_edges", "true");
          },
          "set model.moe_ep_overlap_pair_edges=false, or model.pipeline_model_parallel_size=1"},
+        // The runtime's pipeline cuts the layers into PP x VPP equal blocks (gpt_model.h).
+        {{"RT031",
+          "uneven pipeline splits (num_layers_in_first/last_pipeline_stage, "
+          "account_for_embedding/loss_in_pipeline_split, pipeline_model_parallel_layout)",
+          &RC::uneven_pipeline},
+         [](C c) {
+             const ModelConfig& m = c.model;
+             if (m.pipeline_model_parallel_layout)
+                 return when(true, "model.pipeline_model_parallel_layout",
+                             *m.pipeline_model_parallel_layout);
+             if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage)
+                 return when(true,
+                             m.num_layers_in_first_pipeline_stage
+                                 ? "model.num_layers_in_first_pipeline_stage"
+                                 : "model.num_layers_in_last_pipeline_stage",
+                             show(m.num_layers_in_first_pipeline_stage
+                                      ? m.num_layers_in_first_pipeline_stage
+                                      : m.num_layers_in_last_pipeline_stage));
+             return when(
+                 m.account_for_embedding_in_pipeline_split || m.account_for_loss_in_pipeline_split,
+                 m.account_for_embedding_in_pipeline_split
+                     ? "model.account_for_embedding_in_pipeline_split"
+                     : "model.account_for_loss_in_pipeline_split",
+                 "true");
+         },
+         "make model.num_layers a multiple of PP x VPP and null the uneven-split options (epo "
+         "plan plans them)"},
+        {{"RT032", "fp8 training", &RC::fp8_training},
+         [](C c) { return when(c.model.fp8.has_value(), "model.fp8", show(c.model.fp8)); },
+         "set model.fp8=null"},
     };
     return table;
 }
