@@ -14,12 +14,22 @@ using schedule::NodeCall;
 using schedule::NodeKind;
 using schedule::Phase;
 
+// Tokens of a micro-batch this rank holds outside the tensor-parallel products: the sequence
+// chunk of its CP rank, split over TP with sequence parallelism (Megatron-Core requires it for MoE
+// with TP > 1, so the router and the dispatcher see T / (CP TP) tokens).
+double sharded_tokens(const PlanModel& m) {
+    return static_cast<double>(m.shape.tokens()) / m.cp_size /
+           (m.sequence_parallel ? m.tp_size : 1);
+}
+
 // A micro-batch's rows that leave this rank, split by where they go: `rows` copies spread
 // evenly over the EP group (uniform routing), (ep_per_node - 1) / EP of them to this node's other
 // ranks, (EP - ep_per_node) / EP to other nodes. Flex sends a token to each other node once
-// (flex_remote_copies) and fans it out inside the destination node.
+// (flex_remote_copies) and fans it out inside the destination node. With ETP > 1 the rows a rank
+// receives are all-gathered inside its expert-tensor-parallel group (and reduce-scattered on the
+// way back): (ETP - 1) more copies of them inside the node.
 comm::ByteCounts routed_bytes(const PlanModel& m, double row_bytes) {
-    const double T = static_cast<double>(m.shape.tokens());
+    const double T = sharded_tokens(m);
     const double k = static_cast<double>(m.shape.moe.topk);
     const double ep = m.ep_size, local = m.ep_ranks_per_node;
     double intra_rows = T * k * (local - 1) / ep;
@@ -30,6 +40,7 @@ comm::ByteCounts routed_bytes(const PlanModel& m, double row_bytes) {
         // What arrives from other nodes for this node's other ranks goes on inside the node.
         intra_rows += inter_rows * (local - 1) / local;
     }
+    intra_rows += T * k * (m.etp_size - 1);
     comm::ByteCounts b;
     b.intra_sent = b.intra_recv = static_cast<int64_t>(intra_rows * row_bytes);
     b.inter_sent = b.inter_recv = static_cast<int64_t>(inter_rows * row_bytes);
@@ -70,79 +81,160 @@ double chunk_share(const PlanModel& m, const NodeCall& call) {
     return call.moe_chunk >= 0 ? static_cast<double>(m.shape.moe.num_chunks) : 1.0;
 }
 
-// The forward work of a compute node (its products and element-wise bytes); the backward is
-// derived from it (scale_for_phase).
+// The forward work of a compute node (its products, element-wise bytes and the collectives it
+// waits for); the backward is derived from it (scale_for_phase).
 struct ForwardWork {
     std::vector<Gemm> weight_gemms;  // with a weight: counted again for the weight gradient
     std::vector<Gemm> act_gemms;     // activation x activation (core attention)
     double elementwise_bytes = 0;
+    // TP collectives of a (T / CP, H) tensor in the compute dtype: an all-gather or a
+    // reduce-scatter each with sequence parallelism; without it a pair is one all-reduce.
+    double tp_collectives = 0;
+    double cp_bytes = 0;         // CP: the other CP ranks' keys and values this rank receives
+    comm::ByteCounts moe_bytes;  // an MTP layer's dispatch and combine (no node of their own)
 };
+
+// Attention of one layer: multi-latent (MLA, DeepSeek) or grouped-query, heads split over TP,
+// the sequence over CP (this rank's queries Sc = S / CP against every key).
+//   GQA  qkv (Tc, (A + 2G) d / TP, H), proj (Tc, H, A d / TP); scores (Sc, S, d), context
+//        (Sc, d, S) per sequence and local head
+//   MLA  q: (Tc, q_lora, H) then (Tc, A (dn + dr) / TP, q_lora) [or (Tc, A (dn + dr) / TP, H)
+//        without q_lora]; kv: (Tc, kv_lora + dr, H) then (Tc, A (dn + dv) / TP, kv_lora);
+//        proj (Tc, H, A dv / TP); scores with head dim dn + dr, context with dv
+//        (dn = qk_head_dim, dr = qk_pos_emb_head_dim: the rope part, dv = v_head_dim)
+void attention_work(const PlanModel& m, ForwardWork& w) {
+    const model::GptShape& s = m.shape;
+    const double c = static_cast<double>(m.compute_bytes);
+    const double tp = m.tp_size, cp = m.cp_size;
+    const double Tc = static_cast<double>(s.tokens()) / cp, H = static_cast<double>(s.hidden);
+    const double B = static_cast<double>(s.micro_batch_size), S = static_cast<double>(s.seq_length);
+    const double A = static_cast<double>(s.attn.num_heads);
+    const double heads = B * A / tp * m.attention_fraction;
+    double width = 0;  // q, k, v per token and rank after the projections
+    if (m.mla) {
+        const double qh = m.qk_head_dim + m.qk_pos_emb_head_dim, dv = m.v_head_dim;
+        if (m.q_lora_rank > 0) {
+            w.weight_gemms.push_back({Tc, m.q_lora_rank, H});
+            w.weight_gemms.push_back({Tc, A * qh / tp, m.q_lora_rank});
+        } else {
+            w.weight_gemms.push_back({Tc, A * qh / tp, H});
+        }
+        w.weight_gemms.push_back({Tc, m.kv_lora_rank + m.qk_pos_emb_head_dim, H});
+        w.weight_gemms.push_back({Tc, A * (m.qk_head_dim + dv) / tp, m.kv_lora_rank});
+        w.weight_gemms.push_back({Tc, H, A * dv / tp});
+        w.act_gemms = {{S / cp, S, qh, heads}, {S / cp, dv, S, heads}};
+        width = A * (2 * qh + dv) / tp;
+        w.cp_bytes = (cp - 1) * Tc * A * (qh + dv) / tp * c;
+    } else {
+        const double G = static_cast<double>(s.attn.num_groups);
+        const double d = static_cast<double>(s.attn.head_dim);
+        width = (A + 2 * G) * d / tp;
+        w.weight_gemms.push_back({Tc, width, H});
+        w.weight_gemms.push_back({Tc, H, A * d / tp});
+        w.act_gemms = {{S / cp, S, d, heads}, {S / cp, d, S, heads}};
+        w.cp_bytes = (cp - 1) * Tc * 2 * G * d / tp * c;
+    }
+    w.elementwise_bytes +=
+        4 * sharded_tokens(m) * H * (4 + c)  // two norms, residual add
+        + 2 * Tc * width * (4 + c)           // q/k/v: norm, rope, split
+        // softmax over the scores, unless fused (flash attention)
+        + (m.fused_attention ? 0.0 : B * A / tp * S / cp * S * (8 + c) * m.attention_fraction);
+    w.tp_collectives += 2;  // gather before the projections, scatter (reduce) after
+}
+
+// The MLP of a layer: routed experts (a chunk's share), or dense.
+//   MoE   the busiest rank's R = f Ts k rows (Ts = sharded_tokens), gathered over ETP: R ETP
+//         rows over its E_local experts, each (rows, 2F / ETP, H) and (rows, H, F / ETP)
+//   dense (Tc, 2F / TP, H), (Tc, H, F / TP)
+void mlp_work(const PlanModel& m, const NodeCall& call, bool moe, double part, ForwardWork& w) {
+    const model::GptShape& s = m.shape;
+    const double c = static_cast<double>(m.compute_bytes), H = static_cast<double>(s.hidden);
+    if (moe) {
+        const double R =
+            sharded_tokens(m) * static_cast<double>(s.moe.topk) *
+            (call.layer >= 0 && static_cast<size_t>(call.layer) < m.load_imbalance.size()
+                 ? m.load_imbalance[static_cast<size_t>(call.layer)]
+                 : 1.0);
+        const double F = static_cast<double>(s.moe.ffn_hidden_size) / m.etp_size;
+        const double local = static_cast<double>(s.num_local_experts());
+        const bool by_experts = s.moe.chunk_by == moe::ChunkBy::kExperts;
+        const double experts = by_experts ? local * part : local;
+        const double rows = (by_experts ? R / local : R / local * part) * m.etp_size;
+        w.weight_gemms.push_back({rows, 2 * F, H, experts});
+        w.weight_gemms.push_back({rows, H, F, experts});
+        // activation, sorts
+        w.elementwise_bytes += (R * m.etp_size * 3 * F * c + 4 * R * m.etp_size * H * c) * part;
+    } else {
+        const double Tc = static_cast<double>(s.tokens()) / m.cp_size;
+        const double F = static_cast<double>(s.ffn_hidden) / m.tp_size;
+        w.weight_gemms.push_back({Tc, 2 * F, H});
+        w.weight_gemms.push_back({Tc, H, F});
+        w.elementwise_bytes += Tc * 3 * F * c;
+        w.tp_collectives += 2;
+    }
+}
 
 ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
     const model::GptShape& s = m.shape;
     const double c = static_cast<double>(m.compute_bytes);
-    const double T = static_cast<double>(s.tokens()), H = static_cast<double>(s.hidden);
-    const double B = static_cast<double>(s.micro_batch_size), S = static_cast<double>(s.seq_length);
-    const double A = static_cast<double>(s.attn.num_heads),
-                 G = static_cast<double>(s.attn.num_groups);
-    const double d = static_cast<double>(s.attn.head_dim);
+    const double Ts = sharded_tokens(m), H = static_cast<double>(s.hidden);
+    const double Tc = static_cast<double>(s.tokens()) / m.cp_size;
     const bool moe = call.layer >= 0 && s.moe_layers[static_cast<size_t>(call.layer)];
     const double E = static_cast<double>(s.moe.num_experts), k = static_cast<double>(s.moe.topk);
-    // Routed rows the busiest EP rank's experts receive (T k under balanced routing).
-    const double R = T * k * imbalance_at(m, call.layer);
     ForwardWork w;
     switch (call.node) {
         case NodeKind::kEmbedding:
-            w.elementwise_bytes = T * H * (c + 4);  // gather rows, write the f32 hand-off
+            w.elementwise_bytes = Ts * H * (c + 4);  // gather rows, write the hand-off
+            w.tp_collectives = 1;                    // the vocabulary-parallel lookup's reduction
             break;
         case NodeKind::kPreDispatch: {
-            const double W = (A + 2 * G) * d;
-            w.weight_gemms = {{T, W, H}, {T, H, A * d}};
-            // Scores (S, S, d) and context (S, d, S) per sequence and head, the share computed.
-            w.act_gemms = {{S, S, d, B * A * m.attention_fraction},
-                           {S, d, S, B * A * m.attention_fraction}};
-            w.elementwise_bytes =
-                4 * T * H * (4 + c)    // two norms, residual add
-                + 2 * T * W * (4 + c)  // q/k/v: norm, rope, split
-                // softmax over the scores, unless fused (flash attention)
-                + (m.fused_attention ? 0.0 : B * A * S * S * (8 + c) * m.attention_fraction);
+            attention_work(m, w);
             if (moe) {
-                w.weight_gemms.push_back({T, E, H});
-                // Permuting this rank's own T k rows (balanced on the sending side), top-k.
-                w.elementwise_bytes += 2 * T * k * H * c + T * E * 12;
+                w.weight_gemms.push_back({Ts, E, H});
+                // Permuting this rank's own Ts k rows (balanced on the sending side), top-k.
+                w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
                 // The shared expert runs here, beside the router (moe_block.cpp).
                 if (s.moe.shared_expert_size > 0) {
-                    const double Fs = static_cast<double>(s.moe.shared_expert_size);
-                    w.weight_gemms.push_back({T, 2 * Fs, H});
-                    w.weight_gemms.push_back({T, H, Fs});
-                    w.elementwise_bytes += T * 3 * Fs * c;
+                    const double Fs = static_cast<double>(s.moe.shared_expert_size) / m.tp_size;
+                    w.weight_gemms.push_back({Tc, 2 * Fs, H});
+                    w.weight_gemms.push_back({Tc, H, Fs});
+                    w.elementwise_bytes += Tc * 3 * Fs * c;
+                    w.tp_collectives += 2;
                 }
             }
             break;
         }
-        case NodeKind::kMlp: {
-            if (moe) {
-                // The routed experts; a chunk's call (moe_block.h) runs a group of the local
-                // experts with their whole rows, or every expert on a share of the rows.
-                const double F = static_cast<double>(s.moe.ffn_hidden_size);
-                const double local = static_cast<double>(s.num_local_experts());
-                const double part = 1 / chunk_share(m, call);
-                const bool by_experts = s.moe.chunk_by == moe::ChunkBy::kExperts;
-                const double experts = by_experts ? local * part : local;
-                const double rows = by_experts ? R / local : R / local * part;
-                w.weight_gemms = {{rows, 2 * F, H, experts}, {rows, H, F, experts}};
-                w.elementwise_bytes = (R * 3 * F * c + 4 * R * H * c) * part;  // activation, sorts
-            } else {
-                const double F = static_cast<double>(s.ffn_hidden);
-                w.weight_gemms = {{T, 2 * F, H}, {T, H, F}};
-                w.elementwise_bytes = T * 3 * F * c;
-            }
+        case NodeKind::kMlp:
+            mlp_work(m, call, moe, 1 / chunk_share(m, call), w);
             break;
-        }
         case NodeKind::kOutput: {
-            const double V = static_cast<double>(s.vocab);
-            w.weight_gemms = {{T, V, H}};
-            w.elementwise_bytes = T * H * (4 + c) + T * V * (8 + c);  // final norm, softmax + CE
+            const double V = static_cast<double>(s.vocab) / m.tp_size;
+            // Each multi-token-prediction depth (on the last stage, before the loss): the
+            // embedding and hidden state concatenated and projected (Tc, H, 2H), one
+            // transformer layer like the last one (its dispatch and combine on this call), and
+            // its own output head and loss.
+            const double heads = 1 + m.mtp_num_layers;
+            for (int i = 0; i < m.mtp_num_layers; ++i) {
+                const int last = static_cast<int>(s.num_layers) - 1;
+                NodeCall layer = call;
+                layer.layer = last;
+                layer.node = NodeKind::kPreDispatch;
+                attention_work(m, w);
+                w.weight_gemms.push_back({Tc, H, 2 * H / m.tp_size});
+                const bool last_moe = last >= 0 && s.moe_layers[static_cast<size_t>(last)];
+                if (last_moe) {
+                    w.weight_gemms.push_back({Ts, E, H});
+                    w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
+                    w.moe_bytes += routed_bytes(m, H * c + 4);
+                    w.moe_bytes += routed_bytes(m, H * c);
+                }
+                layer.node = NodeKind::kMlp;
+                mlp_work(m, layer, last_moe, 1, w);
+            }
+            w.weight_gemms.push_back({Tc, V, H, heads});
+            // final norm, softmax + CE
+            w.elementwise_bytes += heads * (Ts * H * (4 + c) + Tc * V * (8 + c));
+            w.tp_collectives += heads;  // gather before the output layer
             break;
         }
         default:
@@ -151,11 +243,99 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
     return w;
 }
 
+bool recomputes(const PlanModel& m, config::RecomputeModule module) {
+    return std::find(m.recompute_modules.begin(), m.recompute_modules.end(), module) !=
+           m.recompute_modules.end();
+}
+
+// The forward work the backward of `call` recomputes first (cost_model.h "recompute").
+ForwardWork recompute_work(const PlanModel& m, const NodeCall& call) {
+    using config::RecomputeModule;
+    ForwardWork r;
+    if (call.layer < 0 || !m.recompute_granularity ||
+        (call.node != NodeKind::kPreDispatch && call.node != NodeKind::kMlp))
+        return r;
+    const ForwardWork f = forward_work(m, call);
+    if (*m.recompute_granularity == config::RecomputeGranularity::kFull) {
+        const int in_chunk = call.layer % std::max(1, m.layers_per_chunk);
+        if (!m.recompute_block || in_chunk < m.recompute_num_layers)
+            r = f;
+        return r;
+    }
+    const model::GptShape& s = m.shape;
+    const double c = static_cast<double>(m.compute_bytes), H = static_cast<double>(s.hidden);
+    const bool moe = s.moe_layers[static_cast<size_t>(call.layer)];
+    if (call.node == NodeKind::kPreDispatch) {
+        if (recomputes(m, RecomputeModule::kCoreAttn))
+            r.act_gemms = f.act_gemms;
+        if (recomputes(m, RecomputeModule::kLayernorm))
+            r.elementwise_bytes += 2 * sharded_tokens(m) * H * (4 + c);
+        if (recomputes(m, RecomputeModule::kMlaUpProj) && m.mla) {
+            // attention_work's order: [q_down,] q_up (or q), kv_down, kv_up, proj
+            const size_t q_up = m.q_lora_rank > 0 ? 1 : 0;
+            if (m.q_lora_rank > 0)
+                r.weight_gemms.push_back(f.weight_gemms[q_up]);
+            r.weight_gemms.push_back(f.weight_gemms[q_up + 2]);
+        }
+        if (moe && s.moe.shared_expert_size > 0 && recomputes(m, RecomputeModule::kSharedExperts)) {
+            r.weight_gemms.insert(r.weight_gemms.end(), f.weight_gemms.end() - 2,
+                                  f.weight_gemms.end());
+        }
+        return r;
+    }
+    if (moe ? recomputes(m, RecomputeModule::kMoe) : recomputes(m, RecomputeModule::kMlp))
+        return f;
+    if (moe && recomputes(m, RecomputeModule::kMoeAct)) {
+        // The activation over the rows' f1 outputs: a third of the MLP's activation bytes.
+        const double F = static_cast<double>(s.moe.ffn_hidden_size);
+        const double R = sharded_tokens(m) * static_cast<double>(s.moe.topk);
+        r.elementwise_bytes += R * 3 * F * c / chunk_share(m, call);
+    }
+    return r;
+}
+
+// The share of a compute call's launches its CUDA graphs cover (cost_model.h "graphs").
+double graphed_share(const PlanModel& m, const NodeCall& call) {
+    const bool moe = call.layer >= 0 && m.shape.moe_layers[static_cast<size_t>(call.layer)];
+    if (call.node == NodeKind::kPreDispatch) {
+        if (!moe)
+            return m.graph_attn ? 1.0 : 0.0;
+        return (m.graph_attn ? 0.6 : 0.0) + (m.graph_router ? 0.2 : 0.0) +
+               (m.graph_preprocess ? 0.2 : 0.0);
+    }
+    if (call.node == NodeKind::kMlp)
+        return (moe ? m.graph_moe : m.graph_mlp) ? 1.0 : 0.0;
+    return 0;
+}
+
+// TP and CP collectives of a call's forward (`cp_times` of the CP bytes: 2 in the backward, which
+// also sends the key and value gradients back), on their links.
+void add_serial_comm(const PlanModel& m, const ForwardWork& f, double cp_times, NodeWork& w) {
+    if (m.tp_size > 1 && f.tp_collectives > 0) {
+        const double per = (m.tp_size - 1.0) / m.tp_size * static_cast<double>(m.shape.tokens()) /
+                           m.cp_size * static_cast<double>(m.shape.hidden) *
+                           static_cast<double>(m.compute_bytes);
+        w.serial_bytes += group_bytes(f.tp_collectives * per, m.tp_crosses_nodes);
+        w.num_serial_collectives += static_cast<int>(
+            m.sequence_parallel ? f.tp_collectives : std::ceil(f.tp_collectives / 2));
+    }
+    if (m.cp_size > 1 && f.cp_bytes > 0) {
+        w.serial_bytes += group_bytes(cp_times * f.cp_bytes, m.cp_crosses_nodes);
+        w.num_serial_collectives += static_cast<int>(cp_times) * (m.cp_size - 1);
+    }
+    if (f.moe_bytes.inter_sent + f.moe_bytes.intra_sent > 0) {
+        w.serial_bytes += f.moe_bytes;  // an MTP layer's dispatch (2 collectives) and combine
+        w.num_serial_collectives += 3;
+    }
+}
+
 // Forward: the products once. Backward: input and weight gradients (twice the weight products,
 // twice the core attention's, twice the bytes). Delayed: backward keeps the input gradients
-// (weight products once, core attention twice), backward_dw the weight gradients.
-NodeWork scale_for_phase(const ForwardWork& f, const NodeCall& call) {
+// (weight products once, core attention twice), backward_dw the weight gradients. The TP and CP
+// collectives run with the forward and the backward (input gradients), none with backward_dw.
+NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCall& call) {
     NodeWork w;
+    const double c = static_cast<double>(m.compute_bytes);
     const auto add = [&](const std::vector<Gemm>& gemms, double times, GemmPass pass) {
         for (Gemm g : gemms) {
             g.count *= times;
@@ -163,19 +343,41 @@ NodeWork scale_for_phase(const ForwardWork& f, const NodeCall& call) {
             w.gemms.push_back(g);
         }
     };
+    // fp8: the weight products at the fp8 rate, each one's input cast first (read c, write 1
+    // byte an element): the activation (m, k) forward, the output gradient (m, n) for dgrad.
+    const auto add_weights = [&](const std::vector<Gemm>& gemms, double times, GemmPass pass) {
+        for (Gemm g : gemms) {
+            g.count *= times;
+            g.pass = pass;
+            g.fp8 = m.fp8;
+            if (m.fp8 && pass != GemmPass::kWgrad)
+                w.elementwise_bytes +=
+                    (pass == GemmPass::kForward ? g.m * g.k : g.m * g.n) * (c + 1) * g.count;
+            w.gemms.push_back(g);
+        }
+    };
     if (call.phase == Phase::kForward) {
-        add(f.weight_gemms, 1, GemmPass::kForward);
+        add_weights(f.weight_gemms, 1, GemmPass::kForward);
         add(f.act_gemms, 1, GemmPass::kForward);
-        w.elementwise_bytes = f.elementwise_bytes;
+        w.elementwise_bytes += f.elementwise_bytes;
+        add_serial_comm(m, f, 1, w);
         return w;
     }
     if (call.phase == Phase::kBackward) {
-        add(f.weight_gemms, 1, GemmPass::kDgrad);
+        // Recomputation first: forward products and bytes again (and a full recompute's
+        // collectives).
+        const ForwardWork r = recompute_work(m, call);
+        add_weights(r.weight_gemms, 1, GemmPass::kForward);
+        add(r.act_gemms, 1, GemmPass::kForward);
+        w.elementwise_bytes += r.elementwise_bytes;
+        add_serial_comm(m, r, 1, w);
+        add_weights(f.weight_gemms, 1, GemmPass::kDgrad);
         add(f.act_gemms, 2, GemmPass::kDgrad);
-        w.elementwise_bytes = 2 * f.elementwise_bytes;
+        w.elementwise_bytes += 2 * f.elementwise_bytes;
+        add_serial_comm(m, f, 2, w);
     }
     if (call.phase == Phase::kBackwardDw || !call.wgrad_delayed)
-        add(f.weight_gemms, 1, GemmPass::kWgrad);
+        add_weights(f.weight_gemms, 1, GemmPass::kWgrad);
     return w;
 }
 
@@ -210,6 +412,11 @@ CostParams default_params(const DeviceSpec& device) {
     // Kernel launches the host cannot run ahead of (the alltoall dispatcher waits for its token
     // counts on the host every layer): ~20 kernels per node at ~7 us each in eager PyTorch.
     p.node_overhead_us = 150;
+    // A communication call's host work: ~6 launches (the count exchange, the all-to-all, the
+    // permutation around it, the event record and wait) at the same ~7 us.
+    p.comm_launch_us = 42;
+    // A CUDA graph replays its kernels from one launch (~10 us of host time).
+    p.graph_launch_us = 10;
     p.source = fmt::format("defaults for {} (docs/plan.md)", device.id);
     return p;
 }
@@ -227,11 +434,15 @@ double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes) {
 }
 
 PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
-                          const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load) {
+                          const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load,
+                          int pipeline_rank) {
     PlanModel m;
     const config::ModelConfig& mc = cfg.model;
     m.ep_size = std::max(1, mc.expert_model_parallel_size);
     m.shape = model::gpt_shape_from_config(cfg, m.ep_size, 0);
+    m.shape.pipeline_size = mc.pipeline_model_parallel_size;
+    m.shape.virtual_pipeline_size = config::virtual_pipeline_size(mc);
+    m.shape.pipeline_rank = pipeline_rank;
     m.compute_bytes = mc.bf16 ? 2 : 4;
     m.num_nodes = config::num_nodes(cfg.comm);
     const int per_node = config::gpus_per_node(cfg.comm);
@@ -242,6 +453,42 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     m.dp_size = plan.dp_size;
     m.edp_size = plan.edp_size;
     m.dp_crosses_nodes = m.edp_crosses_nodes = m.num_nodes > 1;
+    m.tp_size = mc.tensor_model_parallel_size;
+    m.cp_size = mc.context_parallel_size;
+    m.etp_size = config::expert_tensor_parallel_size(mc);
+    m.sequence_parallel = mc.sequence_parallel;
+    m.tp_comm_overlap = mc.tp_comm_overlap;
+    // Megatron-Core's rank order (tp, cp, ep/dp, pp from fastest): a group crosses nodes when
+    // its stride times its size exceeds the node.
+    m.tp_crosses_nodes = m.tp_size > per_node;
+    m.cp_crosses_nodes = int64_t{m.tp_size} * m.cp_size > per_node;
+    const int64_t world = config::world_size(cfg);
+    m.pp_crosses_nodes =
+        mc.pipeline_model_parallel_size > 1 && world / mc.pipeline_model_parallel_size >= per_node;
+    m.mla = mc.multi_latent_attention;
+    m.q_lora_rank = mc.q_lora_rank.value_or(0);
+    m.kv_lora_rank = mc.kv_lora_rank;
+    m.qk_head_dim = mc.qk_head_dim;
+    m.qk_pos_emb_head_dim = mc.qk_pos_emb_head_dim;
+    m.v_head_dim = mc.v_head_dim;
+    m.mtp_num_layers = mc.mtp_num_layers.value_or(0);
+    m.fp8 = mc.fp8.has_value();
+    if (mc.cuda_graph_impl != config::CudaGraphImpl::kNone) {
+        // No module named: the reference graphs the whole layer.
+        const bool all = config::graphed_module_names(mc).empty();
+        m.graph_attn = all || config::is_graphed(mc, "attn");
+        m.graph_router = all || config::is_graphed(mc, "moe_router");
+        m.graph_preprocess = all || config::is_graphed(mc, "moe_preprocess");
+        m.graph_mlp = all || config::is_graphed(mc, "mlp");
+        m.graph_moe = all || config::is_graphed(mc, "moe");
+    }
+    m.recompute_granularity = mc.recompute_granularity;
+    m.recompute_modules = mc.recompute_modules.value_or(
+        std::vector<config::RecomputeModule>{config::RecomputeModule::kCoreAttn});
+    m.recompute_block = mc.recompute_method == config::RecomputeMethod::kBlock;
+    m.recompute_num_layers = mc.recompute_num_layers.value_or(1);
+    m.layers_per_chunk = std::max(
+        1, mc.num_layers / (mc.pipeline_model_parallel_size * config::virtual_pipeline_size(mc)));
     m.distributed_optimizer = plan.distributed_optimizer;
     m.load_imbalance.assign(static_cast<size_t>(m.shape.num_layers), 1.0);
     int moe_index = 0;
@@ -253,10 +500,12 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
         int64_t dense = 0, expert = 0;
         for (int position : bucket.positions) {
             const train::PositionParamSizes sizes = train::param_sizes_at(m.shape, position);
+            // Dense weights split over TP, the experts' over ETP (norms and the router are
+            // replicated: counted split, a rounding of their few bytes).
             for (int64_t n : sizes.dense)
-                dense += plan.dp_size > 1 ? 4 * n : 0;
+                dense += plan.dp_size > 1 ? 4 * n / m.tp_size : 0;
             for (int64_t n : sizes.expert)
-                expert += plan.edp_size > 1 ? 4 * n : 0;
+                expert += plan.edp_size > 1 ? 4 * n / m.etp_size : 0;
         }
         m.bucket_dense_bytes.push_back(dense);
         m.bucket_expert_bytes.push_back(expert);
@@ -276,9 +525,23 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             // A chunk's call moves its share of the rows; the busiest rank moves f times the
             // mean.
             const bool dispatch = call.node == NodeKind::kDispatch;
-            w.bytes = scaled(routed_bytes(m, H * c + (dispatch ? 4 : 0)),
+            // Flex with fp8 sends the forward dispatch's rows in fp8, one fp32 scale per 128.
+            const bool fp8_rows = m.fp8 && m.flex && dispatch && call.phase == Phase::kForward;
+            const double row = fp8_rows ? H + H / 128 * 4 : H * c;
+            w.bytes = scaled(routed_bytes(m, row + (dispatch ? 4 : 0)),
                              imbalance_at(m, call.layer) / chunk_share(m, call));
-            w.num_collectives = dispatch ? 2 : 1;
+            w.num_collectives = (dispatch ? 2 : 1) + (m.etp_size > 1 ? 1 : 0);
+            return w;
+        }
+        case NodeKind::kSendForward:
+        case NodeKind::kRecvForward:
+        case NodeKind::kSendBackward:
+        case NodeKind::kRecvBackward: {
+            // A pipeline hand-off: the (Ts, H) activation or its gradient, between neighbouring
+            // stages (Megatron-Core's order puts them world / PP ranks apart).
+            NodeWork w;
+            w.bytes = group_bytes(sharded_tokens(m) * H * c, m.pp_crosses_nodes);
+            w.num_collectives = 1;
             return w;
         }
         case NodeKind::kGradReduce:
@@ -299,15 +562,26 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             part(m.bucket_expert_bytes.at(b), m.edp_size, m.edp_crosses_nodes);
             return w;
         }
-        default:
-            return scale_for_phase(forward_work(m, call), call);
+        default: {
+            NodeWork w = scale_for_phase(forward_work(m, call), m, call);
+            w.graphed_share = graphed_share(m, call);
+            return w;
+        }
     }
 }
 
+double launch_seconds(const NodeWork& w, const CostParams& p) {
+    return (p.node_overhead_us * (1 - w.graphed_share) +
+            (w.graphed_share > 0 ? p.graph_launch_us : 0)) *
+           1e-6;
+}
+
 double compute_seconds(const NodeWork& w, const DeviceSpec& device, const CostParams& p) {
-    const double peak = device.peak_bf16_tflops * 1e12;
     double t = 0;
     for (const Gemm& g : w.gemms) {
+        const double peak = (g.fp8 && device.peak_fp8_tflops > 0 ? device.peak_fp8_tflops
+                                                                 : device.peak_bf16_tflops) *
+                            1e12;
         const double x = std::min({g.m, g.n, g.k});
         const double e = g.pass == GemmPass::kForward ? p.gemm_efficiency
                          : g.pass == GemmPass::kDgrad ? p.dgrad_efficiency
@@ -317,7 +591,7 @@ double compute_seconds(const NodeWork& w, const DeviceSpec& device, const CostPa
     }
     t += w.elementwise_bytes / (device.memory_tbps * 1e12 * p.elementwise_efficiency);
     t += w.stream_bytes / (device.memory_tbps * 1e12 * p.memory_efficiency);
-    return t + p.node_overhead_us * 1e-6;
+    return t + launch_seconds(w, p);
 }
 
 double comm_seconds(const NodeWork& w, const NetworkSpec& network, const CostParams& p) {
@@ -330,23 +604,43 @@ double comm_seconds(const NodeWork& w, const NetworkSpec& network, const CostPar
            (w.num_collectives - 1) * network.latency_us * 1e-6;
 }
 
+double serial_comm_seconds(const NodeWork& w, const NetworkSpec& network, const CostParams& p) {
+    if (w.num_serial_collectives == 0)
+        return 0;
+    NodeWork c;
+    c.bytes = w.serial_bytes;
+    c.num_collectives = w.num_serial_collectives;
+    return comm_seconds(c, network, p);
+}
+
 double call_seconds(const PlanModel& m, const NodeCall& call, const Hardware& hw,
                     const CostParams& p) {
     const NodeWork w = node_work(m, call);
-    return schedule::stream_of(call.node) == schedule::StreamId::kComm
-               ? comm_seconds(w, hw.network, p)
-               : compute_seconds(w, hw.device, p);
+    if (schedule::stream_of(call.node) == schedule::StreamId::kComm)
+        return comm_seconds(w, hw.network, p);
+    // The compute stream waits for its TP / CP collectives; with tp_comm_overlap they run under
+    // the call's own products, so only what outlasts them counts.
+    const double compute = compute_seconds(w, hw.device, p);
+    const double serial = serial_comm_seconds(w, hw.network, p);
+    if (!m.tp_comm_overlap)
+        return compute + serial;
+    NodeWork gemms_only;
+    gemms_only.gemms = w.gemms;
+    const double gemm_s = compute_seconds(gemms_only, hw.device, p) - launch_seconds(gemms_only, p);
+    return compute + std::max(0.0, serial - gemm_s);
 }
 
 OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
     const int64_t L = m.shape.num_layers;
     double dense = 0, expert = 0;  // elements on this rank
     for (int position = -1; position <= L; ++position) {
+        if (!m.shape.holds(position))
+            continue;  // another pipeline stage's
         const train::PositionParamSizes sizes = train::param_sizes_at(m.shape, position);
         for (int64_t n : sizes.dense)
-            dense += static_cast<double>(n);
+            dense += static_cast<double>(n) / m.tp_size;
         for (int64_t n : sizes.expert)
-            expert += static_cast<double>(n);
+            expert += static_cast<double>(n) / m.etp_size;
     }
     OptimizerWork o;
     const double shard =

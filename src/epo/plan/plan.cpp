@@ -6,7 +6,9 @@
 
 #include "epo/config/finalize.h"
 #include "epo/config/memory_estimate.h"
+#include "epo/config/pipeline_layout.h"
 #include "epo/core/error.h"
+#include "epo/plan/gpu_memory.h"
 #include "epo/schedule/critical_path.h"
 #include "epo/train/flops.h"
 #include "epo/train/step_plan.h"
@@ -22,6 +24,8 @@ using schedule::StreamId;
 // stream's busy share of its span in the previous one.
 constexpr int kReplayPasses = 3;
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 int stream_index(const NodeCall& c) {
     return schedule::stream_of(c.node) == StreamId::kCompute ? 0 : 1;
 }
@@ -29,7 +33,8 @@ int stream_index(const NodeCall& c) {
 // The runtime's estimate (config/memory_estimate.h), less what fused attention never holds: the
 // probabilities c B A S^2 of every layer of every micro-batch in flight, and the (4 + c) S^2
 // score scratch of one sequence.
-int64_t peak_memory(const config::Config& cfg, const model::GptShape& s, const DeviceSpec& device) {
+int64_t cpu_peak_memory(const config::Config& cfg, const model::GptShape& s,
+                        const DeviceSpec& device) {
     const config::MemoryEstimate m = config::estimate_rank_memory(cfg, config::world_size(cfg));
     if (!device.fused_attention)
         return m.total();
@@ -46,32 +51,16 @@ config::Config with_schedule(config::Config cfg, bool overlap, bool delay_wgrad)
     return cfg;
 }
 
+// What the planner cannot plan at all: a model without experts (no EP communication to
+// overlap), or no topology. Every layout Megatron runs (TP, SP, CP, ETP, PP, VPP) and every model
+// family plans; what the cost model approximates is said in a note (plan_notes).
 void check_plannable(const config::Config& cfg) {
     const config::ModelConfig& m = cfg.model;
-    const auto refuse = [](const char* field, auto value, const char* fix) {
-        throw Error(ErrorKind::kConfig, fmt::format("epo plan: {} is {}; {}", field, value, fix));
-    };
-    if (m.tensor_model_parallel_size != 1)
-        refuse("model.tensor_model_parallel_size", m.tensor_model_parallel_size,
-               "the planner models TP = 1 (the runtime's schedules); set -tp 1");
-    if (m.context_parallel_size != 1)
-        refuse("model.context_parallel_size", m.context_parallel_size,
-               "the planner models CP = 1; set -cp 1");
-    if (m.pipeline_model_parallel_size != 1)
-        refuse("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
-               "the runtime's schedules are single-stage; set -pp 1");
-    if (m.multi_latent_attention)
-        refuse("model.multi_latent_attention", "true",
-               "the planner's attention is the runtime's (grouped-query); MLA (deepseek-v3) is "
-               "not modelled: plan a GQA model, or set model.multi_latent_attention=false for a "
-               "rough what-if");
-    if (m.mtp_num_layers.value_or(0) > 0)
-        refuse("model.mtp_num_layers", *m.mtp_num_layers,
-               "multi-token prediction layers are not modelled; set model.mtp_num_layers=null");
-    if (!config::is_moe(m))
-        refuse("model.num_moe_experts", 0,
-               "the model has no experts, so there is no EP communication to overlap; plan an "
-               "MoE model");
+    if (!config::is_moe(m)) {
+        throw Error(ErrorKind::kConfig,
+                    "epo plan: model.num_moe_experts is 0; the model has no experts, so there is "
+                    "no EP communication to overlap: plan an MoE model");
+    }
     if (config::world_size(cfg) <= 0) {
         throw Error(ErrorKind::kConfig,
                     "epo plan: no topology stated (comm.num_nodes x comm.gpus_per_node); give "
@@ -192,8 +181,60 @@ void set_network_to_ratio(const config::Config& base_cfg, const model::GptShape&
         ratio, gbps, r.num_nodes > 1 ? "between nodes" : "inside the node", bytes.bytes / 1e6);
 }
 
+// What to change when a schedule does not fit: after its largest part.
+std::string memory_fix(const StageMemory& m, const config::Config& cfg) {
+    const double state = m.weights + m.main_grads + m.optimizer;
+    if (m.activations > state) {
+        return cfg.model.recompute_granularity
+                   ? "recompute more (model.recompute_granularity=full, "
+                     "recompute_method=uniform, recompute_num_layers=1), a smaller "
+                     "train.micro_batch_size, or more TP / CP"
+                   : "recompute (model.recompute_granularity=selective with "
+                     "recompute_modules=[moe_act, layernorm], or full), a smaller "
+                     "train.micro_batch_size, or more TP / CP";
+    }
+    return cfg.ddp.use_distributed_optimizer
+               ? "spread the weights: more EP (experts) or PP (layers), or more data-parallel "
+                 "ranks for the optimizer's shards"
+               : "ddp.use_distributed_optimizer=true (shards the fp32 master weights and Adam "
+                 "states over DP), or more EP / PP";
+}
+
+// Each schedule's memory against the device, with a headroom kept for what the model does not
+// count (CUDA context, communication buffers, fragmentation).
+void check_memory(PlanResult& r, const config::Config& cfg) {
+    // The datasheets' "80 GB" is what nvidia-smi reports in MiB (81559 MiB on an H100 SXM5):
+    // binary gigabytes.
+    const double capacity = r.hardware.device.memory_gb * kGiB;
+    const double usable = capacity * (1 - r.memory_headroom);
+    const bool gpu = r.hardware.device.id != "cpu";
+    for (ScheduleEstimate& e : r.runs) {
+        e.fits = static_cast<double>(e.peak_memory_bytes) <= usable;
+        if (e.fits)
+            continue;
+        if (!gpu) {
+            r.notes.push_back(fmt::format(
+                "{} needs {:.1f} GiB per rank by the epo runtime's memory estimate, more than "
+                "the {:g} GiB of this machine's ranks",
+                e.name, static_cast<double>(e.peak_memory_bytes) / kGiB,
+                r.hardware.device.memory_gb));
+            continue;
+        }
+        const StageMemory& m = e.memory_stage;
+        r.notes.push_back(fmt::format(
+            "{} does not fit: stage {} needs {:.1f} GiB per rank (weights {:.1f}, main grads "
+            "{:.1f}, optimizer {:.1f}, activations {:.1f} for {:g} micro-batch chunk(s) in "
+            "flight), over {:.0f}% of the {:g} GiB of a {} ({:.0f}% kept for the CUDA context, "
+            "communication buffers and fragmentation); {}",
+            e.name, m.stage, m.total() / kGiB, m.weights / kGiB, m.main_grads / kGiB,
+            m.optimizer / kGiB, m.activations / kGiB, m.units_in_flight,
+            100 * (1 - r.memory_headroom), r.hardware.device.memory_gb, r.hardware.device.id,
+            100 * r.memory_headroom, memory_fix(m, cfg)));
+    }
+}
+
 // The verdict on the better overlap schedule, its reason, and a note when it does not fit.
-void judge(PlanResult& r) {
+void judge(PlanResult& r, const config::Config& cfg) {
     const ScheduleEstimate& base = r.runs.front();
     const ScheduleEstimate* best = &r.runs[1];
     for (const ScheduleEstimate& e : r.runs) {
@@ -203,17 +244,43 @@ void judge(PlanResult& r) {
     const double s = *best->speedup;
     r.verdict = s >= 1.05 ? "pays" : s >= 0.98 ? "marginal" : "does not pay";
     r.reason = fmt::format("{} {:.2f}x: {}", best->name, s, verdict_reason(r, base, *best));
-    const double capacity = r.hardware.device.memory_gb * 1e9;
-    if (static_cast<double>(best->peak_memory_bytes) > capacity) {
-        // On a GPU stack the estimate is the epo runtime's layout (f32 hand-offs, no
-        // recomputation), an upper bound for Megatron-Core's.
+    check_memory(r, cfg);
+}
+
+// What the plan approximates or what the targets disagree on, said once each.
+void add_layout_notes(const config::Config& cfg, PlanResult& r) {
+    const config::ModelConfig& m = cfg.model;
+    const config::PipelineLayout layout = config::pipeline_layout(m);
+    if (!layout.even) {
+        std::string uneven;
+        for (int s = 0; s < layout.num_stages; ++s) {
+            if (layout.stage_layers(s) % layout.num_chunks != 0)
+                uneven += fmt::format("{}stage {} ({} layers)", uneven.empty() ? "" : ", ", s,
+                                      layout.stage_layers(s));
+        }
         r.notes.push_back(fmt::format(
-            "{} needs {:.1f} GB per rank by the epo runtime's memory estimate, more than the "
-            "{:g} GB of a {}: it does not fit as the epo runtime lays it out (a GPU stack's "
-            "recomputation and layout need less; check there)",
-            best->name, static_cast<double>(best->peak_memory_bytes) / 1e9,
-            r.hardware.device.memory_gb, r.hardware.device.id));
+            "uneven pipeline split: each stage planned with its own layers{}; the memory model "
+            "counts every stage's layers exactly",
+            uneven.empty() ? ""
+                           : fmt::format(" ({}: not a multiple of VPP {}, so planned at the "
+                                         "two nearest multiples and interpolated)",
+                                         uneven, layout.num_chunks)));
     }
+    if (m.recompute_granularity == config::RecomputeGranularity::kFull) {
+        r.notes.push_back(
+            "full recompute with EP overlap: Megatron-LM's dev branch runs it (its overlap "
+            "schedule recomputes inside the combined step); Megatron-Bridge's rules refuse it "
+            "(EP007), so the overlap rows are for a Megatron-LM target");
+    }
+    if (m.mtp_num_layers.value_or(0) > 0 && layout.num_stages > 1) {
+        r.notes.push_back(fmt::format(
+            "MTP: {} depth(s) on the last stage's output call (a layer like the last, its "
+            "projection and output head); their dispatch and combine run there, outside the "
+            "overlap's pairing",
+            *m.mtp_num_layers));
+    }
+    if (m.fp8 && r.hardware.device.peak_fp8_tflops <= 0)
+        r.notes.push_back("fp8: this device has no fp8 rate; the products are planned at bf16");
 }
 
 }  // namespace
@@ -263,13 +330,55 @@ Replay replay_schedule(const std::vector<NodeCall>& calls,
     return r;
 }
 
-ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw,
-                                   const CostParams& params, bool flex,
-                                   const ExpertLoadImbalance& load) {
-    const model::GptShape shape =
+namespace {
+
+// The configuration whose even split plans stage `stage` of an uneven one: every model chunk
+// `per_chunk` layers (the stage's own layers in order, the last repeated to pad or the tail cut),
+// so the runtime's schedules (which cut PP x VPP equal blocks) give the stage its own chunks.
+config::Config stage_config(const config::Config& cfg, const config::PipelineLayout& layout,
+                            int stage, int per_chunk) {
+    config::Config out = cfg;
+    config::ModelConfig& m = out.model;
+    const int P = layout.num_stages, V = layout.num_chunks;
+    const std::vector<bool> moe = config::moe_layer_pattern(cfg.model);
+    std::vector<int> own;  // the stage's layers, model chunk by model chunk
+    for (const config::ModelChunk& ch : layout.chunks[static_cast<size_t>(stage)]) {
+        for (int l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l)
+            own.push_back(moe[static_cast<size_t>(l)] ? 1 : 0);
+    }
+    if (own.empty())
+        own.push_back(moe.empty() ? 0 : moe.back() ? 1 : 0);
+    while (static_cast<int>(own.size()) < per_chunk * V)
+        own.push_back(own.back());
+    own.resize(static_cast<size_t>(per_chunk * V));
+    std::vector<int> pattern;
+    for (int c = 0; c < V; ++c) {
+        for (int s = 0; s < P; ++s)
+            pattern.insert(pattern.end(), own.begin() + c * per_chunk,
+                           own.begin() + (c + 1) * per_chunk);
+    }
+    m.num_layers = per_chunk * P * V;
+    if (config::is_moe(m))
+        m.moe_layer_freq = pattern;
+    m.virtual_pipeline_model_parallel_size = V > 1 ? std::optional<int>(V) : std::optional<int>();
+    m.account_for_embedding_in_pipeline_split = m.account_for_loss_in_pipeline_split = false;
+    m.num_layers_in_first_pipeline_stage.reset();
+    m.num_layers_in_last_pipeline_stage.reset();
+    m.pipeline_model_parallel_layout.reset();
+    return out;
+}
+
+// One pipeline stage's schedule (the whole step with PP = 1).
+ScheduleEstimate estimate_stage(const config::Config& full_cfg, const config::Config& cfg,
+                                const Hardware& hw, const CostParams& params, bool flex,
+                                const ExpertLoadImbalance& load, int stage) {
+    model::GptShape shape =
         model::gpt_shape_from_config(cfg, std::max(1, cfg.model.expert_model_parallel_size), 0);
+    shape.pipeline_size = cfg.model.pipeline_model_parallel_size;
+    shape.virtual_pipeline_size = config::virtual_pipeline_size(cfg.model);
+    shape.pipeline_rank = stage;
     const train::StepPlan sp = train::make_step_plan(cfg, shape);
-    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex, load);
+    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex, load, stage);
     const Replay r = replay_schedule(
         sp.calls, [&](const NodeCall& c) { return call_seconds(pm, c, hw, params); },
         flex ? params.flex_overlap_slowdown : params.overlap_slowdown);
@@ -286,7 +395,17 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
                         : (flex ? "" : "baseline"));
     e.optimizer_s = compute_seconds(opt_compute, hw.device, params) +
                     comm_seconds(opt.collectives, hw.network, params);
-    e.step_time_s = r.end_s + e.optimizer_s;
+    // The host launches every call one after another (cost_model.h "host"): the step cannot
+    // end before it has.
+    double host_s = 0;
+    for (const NodeCall& c : sp.calls) {
+        host_s += schedule::stream_of(c.node) == StreamId::kComm
+                      ? params.comm_launch_us * 1e-6
+                      : launch_seconds(node_work(pm, c), params);
+    }
+    e.host_launch_s = host_s;
+    e.host_bound = host_s > r.end_s;
+    e.step_time_s = std::max(r.end_s, host_s) + e.optimizer_s;
     e.compute_s = r.compute_s + e.optimizer_s;
     e.comm_s = r.comm_s;
     e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
@@ -303,11 +422,81 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
     const int64_t world = config::world_size(cfg);
     e.tokens_per_s = static_cast<double>(cfg.train.global_batch_size.value_or(0)) *
                      cfg.model.seq_length / e.step_time_s;
-    e.tflops_per_gpu = train::model_flops(shape, cfg.train.global_batch_size.value_or(0)) /
+    e.tflops_per_gpu = train::model_flops(model::gpt_shape_from_config(full_cfg, pm.ep_size, 0),
+                                          cfg.train.global_batch_size.value_or(0)) /
                        e.step_time_s / world / 1e12;
-    e.peak_memory_bytes = peak_memory(cfg, shape, hw.device);
+    if (hw.device.id == "cpu") {
+        e.peak_memory_bytes = cpu_peak_memory(full_cfg, shape, hw.device);
+    } else {
+        // Megatron-Core's layout (gpu_memory.h), its busiest stage.
+        const GpuMemory mem = estimate_gpu_memory(full_cfg);
+        e.peak_memory_bytes = static_cast<int64_t>(mem.peak());
+        e.memory_stage = mem.stages[static_cast<size_t>(mem.busiest_stage)];
+    }
     e.num_calls = sp.calls.size();
+    e.busiest_stage = stage;
     return e;
+}
+
+// A stage of an uneven split: with n layers over V model chunks, planned at floor(n / V) and
+// ceil(n / V) layers a chunk and interpolated linearly in the layers (exact when V divides n).
+ScheduleEstimate estimate_stage(const config::Config& cfg, const Hardware& hw,
+                                const CostParams& params, bool flex,
+                                const ExpertLoadImbalance& load, int stage) {
+    const config::PipelineLayout layout = config::pipeline_layout(cfg.model);
+    if (layout.even)
+        return estimate_stage(cfg, cfg, hw, params, flex, load, stage);
+    const int n = layout.stage_layers(stage), V = layout.num_chunks;
+    const int lo = n / V, hi = (n + V - 1) / V;
+    ScheduleEstimate e = estimate_stage(cfg, stage_config(cfg, layout, stage, std::max(1, hi)), hw,
+                                        params, flex, load, stage);
+    if (lo == hi || lo == 0)
+        return e;
+    const ScheduleEstimate f =
+        estimate_stage(cfg, stage_config(cfg, layout, stage, lo), hw, params, flex, load, stage);
+    const double w = static_cast<double>(n - lo * V) / V;  // the share of the way to hi
+    const auto mix = [w](double a, double b) { return b + w * (a - b); };
+    e.step_time_s = mix(e.step_time_s, f.step_time_s);
+    e.compute_s = mix(e.compute_s, f.compute_s);
+    e.comm_s = mix(e.comm_s, f.comm_s);
+    e.exposed_comm_s = mix(e.exposed_comm_s, f.exposed_comm_s);
+    e.alltoall_s = mix(e.alltoall_s, f.alltoall_s);
+    e.optimizer_s = mix(e.optimizer_s, f.optimizer_s);
+    e.host_launch_s = mix(e.host_launch_s, f.host_launch_s);
+    e.tokens_per_s = mix(e.tokens_per_s, f.tokens_per_s);
+    e.tflops_per_gpu = mix(e.tflops_per_gpu, f.tflops_per_gpu);
+    for (auto& [node, seconds] : e.node_seconds)
+        seconds = mix(seconds, f.node_seconds.count(node) ? f.node_seconds.at(node) : 0.0);
+    return e;
+}
+
+}  // namespace
+
+// PP > 1: every stage planned on its own list; the step is the slowest stage's, plus the
+// pipeline's bubble, which a stage's own replay does not see (it does not wait for its
+// neighbours): (P - 1) / (V M) of its compute, the fill and drain of P - 1 stages of V chunks
+// each holding 1 / (V M) of the stage's work.
+ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw,
+                                   const CostParams& params, bool flex,
+                                   const ExpertLoadImbalance& load) {
+    const int P = cfg.model.pipeline_model_parallel_size;
+    ScheduleEstimate worst = estimate_stage(cfg, hw, params, flex, load, 0);
+    for (int stage = 1; stage < P; ++stage) {
+        ScheduleEstimate e = estimate_stage(cfg, hw, params, flex, load, stage);
+        if (e.step_time_s > worst.step_time_s)
+            worst = std::move(e);
+    }
+    if (P > 1) {
+        const double V = config::pipeline_layout(cfg.model).num_chunks;
+        const double M = static_cast<double>(config::num_microbatches(cfg));
+        const double bubble = (P - 1) / (V * M) * (worst.compute_s - worst.optimizer_s);
+        worst.step_time_s += bubble;
+        worst.pipeline_bubble_s = bubble;
+        worst.node_seconds["pipeline_bubble"] = bubble;
+        worst.tokens_per_s *= (worst.step_time_s - bubble) / worst.step_time_s;
+        worst.tflops_per_gpu *= (worst.step_time_s - bubble) / worst.step_time_s;
+    }
+    return worst;
 }
 
 PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
@@ -318,6 +507,9 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.num_nodes = config::num_nodes(cfg.comm);
     r.gpus_per_node = config::gpus_per_node(cfg.comm);
     r.ep_size = cfg.model.expert_model_parallel_size;
+    r.tp_size = cfg.model.tensor_model_parallel_size;
+    r.num_stages = cfg.model.pipeline_model_parallel_size;
+    r.num_model_chunks = config::pipeline_layout(cfg.model).num_chunks;
     r.dp_size = static_cast<int>(r.world_size / config::model_parallel_size(cfg.model));
     r.num_micro_batches = config::num_microbatches(cfg);
     r.hardware = options.hardware;
@@ -343,8 +535,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
         variants.push_back({false, false, true});
         variants.push_back({true, true, true});
         r.notes.push_back(
-            "flex rows: planned from the deduplicated inter-node bytes (docs/flex.md); this "
-            "build's runtime has no flex dispatcher (RT017), it lands separately");
+            "flex rows: planned from the deduplicated inter-node bytes (docs/flex.md), as the "
+            "flex dispatcher sends them");
     }
     for (const Variant& v : variants)
         r.runs.push_back(estimate_schedule(with_schedule(cfg, v.overlap, v.delay), r.hardware,
@@ -357,7 +549,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.overlap_speedup = r.runs[1].speedup;
     r.pair_edges = cfg.model.moe_ep_overlap_pair_edges;
 
-    judge(r);
+    judge(r, cfg);
+    add_layout_notes(cfg, r);
     // What an uneven expert load costs: the same schedules planned balanced.
     const double worst = r.load_imbalance.empty()
                              ? 1.0
@@ -384,11 +577,11 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
         const ScheduleEstimate& unpaired = r.runs[1];
         r.notes.push_back(fmt::format(
             "with paired edges (model.moe_ep_overlap_pair_edges=true, docs/paired-edges.md) "
-            "overlap would take {:.4g} s, {:.2f}x against {:.2f}x unpaired, and hold {:.3g} GB "
-            "per rank against {:.3g} GB",
+            "overlap would take {:.4g} s, {:.2f}x against {:.2f}x unpaired, and hold {:.3g} GiB "
+            "per rank against {:.3g} GiB",
             p.step_time_s, base.step_time_s / p.step_time_s, *unpaired.speedup,
-            static_cast<double>(p.peak_memory_bytes) / 1e9,
-            static_cast<double>(unpaired.peak_memory_bytes) / 1e9));
+            static_cast<double>(p.peak_memory_bytes) / kGiB,
+            static_cast<double>(unpaired.peak_memory_bytes) / kGiB));
     }
     return r;
 }
