@@ -1,10 +1,11 @@
 // The pipeline split (src/epo/config/pipeline_layout.h): layers per (stage, model chunk) for each
 // of the reference's four ways, and every rule, with bad input (negative, missing, contradictory
-// layouts) named by field and value.
+// layouts) named by field and value; and the fp8 settings' rules (fp8_rules.h).
 #include "epo/config/pipeline_layout.h"
 
 #include <gtest/gtest.h>
 
+#include "epo/config/fp8_rules.h"
 #include "epo/core/error.h"
 
 namespace epo::config {
@@ -168,6 +169,43 @@ TEST(PipelineLayout, RefusesMalformedLayoutStrings) {
     ASSERT_TRUE(f.has_value());
     EXPECT_EQ(f->field, "model.virtual_pipeline_model_parallel_size");
     EXPECT_NE(f->fix.find("virtual_pipeline_model_parallel_size=2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace epo::config
+
+namespace epo::config {
+namespace {
+
+std::vector<std::string> fp8_ids(const ModelConfig& m, const char* gpu) {
+    std::vector<std::string> out;
+    for (const Finding& f : check_fp8(m, gpu))
+        out.push_back(f.id);
+    return out;
+}
+
+TEST(Fp8Rules, FormatRecipeDeviceAndPrecision) {
+    ModelConfig m;
+    m.bf16 = true;
+    EXPECT_TRUE(fp8_ids(m, "h100").empty());  // no fp8, the default recipe
+    m.fp8 = "e4m3";
+    EXPECT_TRUE(fp8_ids(m, "h100").empty());
+    m.fp8 = "e5m2";
+    EXPECT_EQ(fp8_ids(m, "h100"), std::vector<std::string>{"FP001"});
+    m.fp8 = "hybrid";
+    m.fp8_recipe = "blockwise";
+    EXPECT_TRUE(fp8_ids(m, "h100").empty());
+    m.fp8_recipe = "nvfp4";
+    EXPECT_EQ(fp8_ids(m, "b200"), std::vector<std::string>{"FP002"});
+    m.fp8_recipe = "mxfp8";
+    EXPECT_EQ(fp8_ids(m, "h200"), std::vector<std::string>{"FP003"});
+    EXPECT_TRUE(fp8_ids(m, "b200").empty());
+    m.bf16 = false;
+    const std::vector<Finding> f = check_fp8(m, "gb200");
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_EQ(f[0].id, "FP004");
+    EXPECT_EQ(f[0].field, "model.fp8");
+    EXPECT_NE(f[0].fix.find("model.bf16=true"), std::string::npos);
 }
 
 }  // namespace

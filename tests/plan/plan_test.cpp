@@ -538,3 +538,106 @@ TEST(Plan, PlansTensorAndPipelineParallelLayouts) {
 
 }  // namespace
 }  // namespace epo::plan
+
+namespace epo::plan {
+namespace {
+
+// fp8 (qwen3-30b-a3b, T = 4096): the weight products at the fp8 rate; each forward product's
+// input cast first, (m, k) elements at c + 1 = 3 bytes: qkv (4096 x 2048) + proj (4096 x 4096) +
+// router (4096 x 2048) = 33554432 elements, 100663296 bytes more than bf16. Core attention stays
+// bf16.
+TEST(PlanCost, Fp8RunsWeightProductsAtTheFp8RateAndChargesTheCasts) {
+    const NodeCall fwd{0, 0, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
+    const NodeWork bf = node_work(plan_model_of(finalized({})), fwd);
+    const NodeWork f8 = node_work(plan_model_of(finalized({"model.fp8=e4m3"})), fwd);
+    ASSERT_EQ(f8.gemms.size(), bf.gemms.size());
+    EXPECT_TRUE(f8.gemms[0].fp8 && f8.gemms[1].fp8 && f8.gemms[2].fp8);
+    EXPECT_FALSE(f8.gemms[3].fp8);  // scores
+    EXPECT_DOUBLE_EQ(f8.elementwise_bytes - bf.elementwise_bytes,
+                     3.0 * (4096.0 * 2048 + 4096.0 * 4096 + 4096.0 * 2048));
+    // The product's time at the fp8 peak (1979 against 989 TFLOP/s).
+    CostParams p;
+    p.node_overhead_us = 0;
+    NodeWork one;
+    one.gemms = {f8.gemms[0]};
+    NodeWork other = one;
+    other.gemms[0].fp8 = false;
+    EXPECT_NEAR(compute_seconds(other, h100().device, p) / compute_seconds(one, h100().device, p),
+                1979.0 / 989, 1e-9);
+}
+
+// Flex with fp8: the forward dispatch's rows are H + H / 128 x 4 + 4 = 2048 + 64 + 4 bytes
+// instead of 2 H + 4; the combine stays bf16.
+TEST(PlanCost, Fp8FlexDispatchSendsFp8RowsWithScales) {
+    // The flex rows' model (make_plan_model's flex argument), with and without fp8.
+    const std::vector<std::string> flex = {};
+    const std::vector<std::string> fp8 = {"model.fp8=e4m3"};
+    const auto model_of = [](const config::Config& cfg) {
+        model::GptShape shape = model::gpt_shape_from_config(cfg, 16, 0);
+        const train::StepPlan sp = train::make_step_plan(cfg, shape);
+        return make_plan_model(cfg, sp, h100().device, true);
+    };
+    const PlanModel b = model_of(finalized(flex)), f = model_of(finalized(fp8));
+    const NodeCall dispatch{0, 0, schedule::NodeKind::kDispatch, schedule::Phase::kForward};
+    const NodeCall combine{0, 0, schedule::NodeKind::kCombine, schedule::Phase::kForward};
+    const double ratio = static_cast<double>(node_work(f, dispatch).bytes.inter_sent) /
+                         static_cast<double>(node_work(b, dispatch).bytes.inter_sent);
+    EXPECT_NEAR(ratio, (2048.0 + 64 + 4) / (2 * 2048.0 + 4), 1e-6);
+    EXPECT_EQ(node_work(f, combine).bytes.inter_sent, node_work(b, combine).bytes.inter_sent);
+}
+
+// CUDA graphs on moe_router and moe_preprocess: 0.4 of pre_dispatch's launches become one graph
+// launch: 150 x 0.6 + 10 us instead of 150 us.
+TEST(PlanCost, CudaGraphsReplaceTheGraphedModulesLaunches) {
+    const NodeCall fwd{0, 0, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
+    const NodeWork w = node_work(
+        plan_model_of(finalized({"model.cuda_graph_impl=transformer_engine",
+                                 "model.cuda_graph_modules=[moe_router, moe_preprocess]"})),
+        fwd);
+    EXPECT_DOUBLE_EQ(w.graphed_share, 0.4);
+    const CostParams p = default_params(h100().device);
+    EXPECT_NEAR(launch_seconds(w, p), (150 * 0.6 + 10) * 1e-6, 1e-12);
+    EXPECT_DOUBLE_EQ(node_work(plan_model_of(finalized({})), fwd).graphed_share, 0);
+}
+
+config::Config with_overlap(config::Config cfg) {
+    cfg.model.overlap_moe_expert_parallel_comm = true;
+    return cfg;
+}
+
+// The host floor: with a launch cost far above the GPU's work, the step is the host's launches
+// of every call (compute calls node_overhead_us, comm calls comm_launch_us) plus the optimizer.
+TEST(Plan, HostLaunchesBoundAScheduleTheGpuOutruns) {
+    const config::Config cfg = finalized({"train.global_batch_size=64"});
+    const Hardware hw = h100();
+    CostParams p = default_params(hw.device);
+    p.node_overhead_us = 1e5;  // 0.1 s a compute call
+    p.comm_launch_us = 1e5;
+    const ScheduleEstimate e = estimate_schedule(with_overlap(cfg), hw, p, false);
+    EXPECT_TRUE(e.host_bound);
+    EXPECT_NEAR(e.host_launch_s, 0.1 * static_cast<double>(e.num_calls), 1e-6);
+    EXPECT_NEAR(e.step_time_s, e.host_launch_s + e.optimizer_s, 1e-9);
+}
+
+// MTP (1 depth) on the output call: the projection (T, H, 2H), a layer like the last, and a
+// second output head: the forward's products grow by exactly those.
+TEST(PlanCost, MultiTokenPredictionAddsItsLayerAndHeadToTheOutput) {
+    const auto flops = [](const NodeWork& w) {
+        double f = 0;
+        for (const Gemm& g : w.gemms)
+            f += 2 * g.m * g.n * g.k * g.count;
+        return f;
+    };
+    const PlanModel none = plan_model_of(finalized({}));
+    const PlanModel mtp = plan_model_of(finalized({"model.mtp_num_layers=1"}));
+    const NodeCall out{0, -1, schedule::NodeKind::kOutput, schedule::Phase::kForward};
+    const NodeCall pre{0, 47, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
+    const NodeCall mlp{0, 47, schedule::NodeKind::kMlp, schedule::Phase::kForward};
+    const double head = flops(node_work(none, out));
+    const double layer = flops(node_work(none, pre)) + flops(node_work(none, mlp));
+    const double proj = 2.0 * 4096 * 2048 * 4096;
+    EXPECT_NEAR(flops(node_work(mtp, out)), 2 * head + layer + proj, 1e-6 * head);
+}
+
+}  // namespace
+}  // namespace epo::plan
