@@ -123,6 +123,12 @@ StepBytes calibrated_link_bytes(const PlanModel& pm, const train::StepPlan& sp) 
     return out;
 }
 
+// Paired edges are an epo runtime schedule (docs/paired-edges.md), single-stage: a GPU stack
+// has no such knob, so only a plan for this machine suggests it.
+bool suggests_pairing(const PlanResult& r) {
+    return r.hardware.device.id == "cpu" && r.num_stages == 1;
+}
+
 std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
                            const ScheduleEstimate& best) {
     const double share = base.step_time_s > 0 ? base.exposed_comm_s / base.step_time_s : 0;
@@ -139,7 +145,9 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
             "rank hide more{})",
             r.num_micro_batches, r.num_micro_batches == 1 ? "" : "es", best.exposed_comm_s,
             base.exposed_comm_s,
-            r.num_micro_batches >= 2 ? ", and so does pairing the edges: note below" : "");
+            r.num_micro_batches >= 2 && suggests_pairing(r)
+                ? ", and so does pairing the edges: note below"
+                : "");
     }
     const double a2a_compute = base.compute_s - base.optimizer_s;
     if (base.alltoall_s > 1.5 * a2a_compute) {
@@ -482,7 +490,7 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     }
     // The same overlap with the step's edges paired (docs/paired-edges.md), when the
     // configuration leaves them alone: a note, so `runs` stays the schedules as configured.
-    if (!r.pair_edges && r.num_micro_batches >= 2) {
+    if (!r.pair_edges && r.num_micro_batches >= 2 && suggests_pairing(r)) {
         config::Config paired = with_schedule(cfg, true, false);
         paired.model.moe_ep_overlap_pair_edges = true;
         const ScheduleEstimate p =
