@@ -18,6 +18,7 @@
 #include "epo/plan/calibration.h"
 #include "epo/plan/plan.h"
 #include "epo/plan/plan_report.h"
+#include "epo/plan/plan_target.h"
 #include "harness_flags.h"
 
 namespace epo::cli {
@@ -96,8 +97,10 @@ void run_plan(const PlanArgs& args) {
     const config::ConfigSources sources = bench::with_default_model(
         config_sources(*args.cmd, args.model, args.positional, args.harness), &proxy);
     const config::BuiltConfig built = config::build_config(sources);
-    // Errors before any work: the configuration as `epo validate` judges it.
-    const config::ValidationReport report = config::validate(built);
+    // Errors before any work: the configuration as `epo validate` judges it for its target;
+    // what only the epo CPU runtime lacks (RT ids) is one note, never a refusal.
+    config::ValidationReport report = config::validate(built);
+    plan::retarget_for_plan(report);
     if (!report.ok()) {
         if (args.json) {
             std::cout << config::report_to_json(report).dump(

@@ -171,7 +171,7 @@ epo_cli_test(short_run_warmup 1 "TR001" "which --max_steps sets"
              "train.lr_warmup_iters=0 for a short test run" RUN
              validate --model tiny-moe --max_steps 2)
 # An interleaved pipeline whose micro-batch count leaves a partial group of PP: validate names it
-# (RT031) before train refuses it at the step plan.
-epo_cli_test(interleaved_partial_group 0 "RT031" "train.global_batch_size = 12 \\(3 micro-batches per step, PP 2\\)" RUN
+# (RT033) before train refuses it at the step plan.
+epo_cli_test(interleaved_partial_group 0 "RT033" "train.global_batch_size = 12 \\(3 micro-batches per step, PP 2\\)" RUN
              validate --model tiny-moe -ep 2 -pp 2 -vp 2 --num_nodes 1 --gpus_per_node 4 -gb 12
              model.num_layers=4)

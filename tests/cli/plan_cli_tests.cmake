@@ -10,7 +10,7 @@ epo_cli_test(plan_json 0 "\"runs\":" "\"name\": \"overlap\\+delay_wgrad\""
              "\"step_time_s\": [0-9.]+" "\"exposed_comm_s\"" "\"peak_memory_bytes\""
              "\"overlap_speedup\": 1\\.[0-9]+" "\"verdict\": \\{" RUN
              plan ${_epo_qwen_h100} --json)
-epo_cli_test(plan_flex 0 "^flex\\+overlap\\+delay_wgrad" "lands separately" RUN
+epo_cli_test(plan_flex 0 "^flex\\+overlap\\+delay_wgrad" "as the flex dispatcher sends them" RUN
              plan ${_epo_qwen_h100} --moe_flex_dispatcher_backend hybridep)
 epo_cli_test(plan_two_micro_batches 0 "2 micro-batches per step: the unpaired first forward" RUN
              plan ${_epo_qwen_h100} -gb 32)
@@ -28,8 +28,29 @@ epo_cli_test(plan_unknown_device 1 "env.gpu = 'a100'" "h100, h200, b200, gb200, 
              plan --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=a100)
 epo_cli_test(plan_no_topology 1 "give --num_nodes and --gpus_per_node" RUN
              plan --model qwen3-30b-a3b -ep 16 env.gpu=h100)
-epo_cli_test(plan_tp 1 "model.tensor_model_parallel_size is 2" RUN
-             plan ${_epo_qwen_h100} -tp 2)
+# What only the epo CPU runtime lacks is one note, never a refusal; the reference's rules still
+# refuse (LY005 for 94 layers over PP 8 x VPP 4 without an uneven split).
+epo_cli_test(plan_tp 0 "TP 2, PP 1"
+             "the epo runtime cannot run this configuration to check the plan on CPU \\(RT001"
+             RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true)
+set(_epo_235b --model qwen3-235b-a22b --num_nodes 32 --gpus_per_node 8 env.gpu=h100 -tp 2
+    -pp 8 -vp 4 -ep 32 model.sequence_parallel=true)
+epo_cli_test(plan_uneven_pipeline 0 "TP 2, PP 8, EP 32" "pipeline: 8 stages x 4 model chunks"
+             "busiest stage [0-9]+ of 8" RUN plan ${_epo_235b}
+             model.account_for_embedding_in_pipeline_split=true
+             model.account_for_loss_in_pipeline_split=true)
+epo_cli_test(plan_ly005 1 "LY005" "account_for_embedding_in_pipeline_split" RUN
+             plan ${_epo_235b})
+epo_cli_test(plan_deepseek_v3 0 "pipeline: 8 stages x 4 model chunks" "MTP: 1 depth" RUN
+             plan --model deepseek-v3 --num_nodes 128 --gpus_per_node 8 env.gpu=h100 -tp 2
+             -pp 8 -ep 64 model.sequence_parallel=true
+             "model.pipeline_model_parallel_layout=Et|(tt|)*30mL")
+epo_cli_test(plan_bad_layout 1 "LY005" "holds 60 transformer layers" RUN
+             plan --model deepseek-v3 --num_nodes 128 --gpus_per_node 8 env.gpu=h100 -tp 2
+             -pp 8 -ep 64 model.sequence_parallel=true
+             "model.pipeline_model_parallel_layout=Et|(tt|)*29t|mL")
+epo_cli_test(plan_does_not_fit 0 "DOES NOT FIT" "does not fit: stage 0 needs" RUN
+             plan --model qwen3-235b-a22b -ep 8 --num_nodes 1 --gpus_per_node 8 env.gpu=h100)
 epo_cli_test(plan_calibrate_what 2 "use --calibrate kernels" RUN plan --calibrate runs/x)
 epo_cli_test(plan_calibrate_no_out 2 "needs --out FILE" RUN plan --calibrate kernels)
 epo_cli_test(plan_missing_calibration 1 "cannot open the file" RUN

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "epo/config/field_types.h"
@@ -54,6 +55,12 @@ struct ModelConfig {
     int tensor_model_parallel_size = 1;
     int pipeline_model_parallel_size = 1;
     std::optional<int> virtual_pipeline_model_parallel_size;
+    // Uneven pipeline splits (config/pipeline_layout.h has the rules): at most one way of them.
+    bool account_for_embedding_in_pipeline_split = false;
+    bool account_for_loss_in_pipeline_split = false;
+    std::optional<int> num_layers_in_first_pipeline_stage;
+    std::optional<int> num_layers_in_last_pipeline_stage;
+    std::optional<std::string> pipeline_model_parallel_layout;  // "Ett|(tt|)*6mL"
     int expert_model_parallel_size = 1;
     std::optional<int> expert_tensor_parallel_size;  // null: same as tensor_model_parallel_size
     bool sequence_parallel = false;
@@ -100,6 +107,11 @@ struct ModelConfig {
     // Precision.
     bool bf16 = false;
     bool fp16 = false;
+    // fp8 training (Transformer Engine's recipes, on top of bf16): the format, e4m3 or hybrid
+    // (e4m3 forward, e5m2 gradients); null: none. The scaling recipe: delayed, tensorwise,
+    // mxfp8 (Blackwell) or blockwise (Hopper). Rules: config/fp8_rules.h.
+    std::optional<std::string> fp8;
+    std::string fp8_recipe = "delayed";
 
     // Activation recompute.
     std::optional<RecomputeGranularity> recompute_granularity;
@@ -155,6 +167,11 @@ struct ModelConfig {
         v("tensor_model_parallel_size", s.tensor_model_parallel_size, positive);
         v("pipeline_model_parallel_size", s.pipeline_model_parallel_size, positive);
         v("virtual_pipeline_model_parallel_size", s.virtual_pipeline_model_parallel_size, positive);
+        v("account_for_embedding_in_pipeline_split", s.account_for_embedding_in_pipeline_split);
+        v("account_for_loss_in_pipeline_split", s.account_for_loss_in_pipeline_split);
+        v("num_layers_in_first_pipeline_stage", s.num_layers_in_first_pipeline_stage);
+        v("num_layers_in_last_pipeline_stage", s.num_layers_in_last_pipeline_stage);
+        v("pipeline_model_parallel_layout", s.pipeline_model_parallel_layout);
         v("expert_model_parallel_size", s.expert_model_parallel_size, positive);
         v("expert_tensor_parallel_size", s.expert_tensor_parallel_size, positive);
         v("sequence_parallel", s.sequence_parallel);
@@ -187,6 +204,8 @@ struct ModelConfig {
         v("moe_ep_overlap_pair_edges", s.moe_ep_overlap_pair_edges);
         v("bf16", s.bf16);
         v("fp16", s.fp16);
+        v("fp8", s.fp8);
+        v("fp8_recipe", s.fp8_recipe);
         v("recompute_granularity", s.recompute_granularity);
         v("recompute_method", s.recompute_method);
         v("recompute_num_layers", s.recompute_num_layers, positive);

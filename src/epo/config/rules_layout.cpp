@@ -5,6 +5,8 @@
 // and check_world_size() (validate.h, LY009) has checked it against MPI.
 #include <algorithm>
 
+#include "epo/config/fp8_rules.h"
+#include "epo/config/pipeline_layout.h"
 #include "epo/config/rules.h"
 
 namespace epo::config {
@@ -80,15 +82,12 @@ void check_layout(const RuleContext& ctx) {
                               divisor),
                   fmt::format("use a global batch that is a multiple of {}", per_step));
     }
-    const std::int64_t stages =
-        std::int64_t{m.pipeline_model_parallel_size} * virtual_pipeline_size(m);
-    if (stages > 1 && m.num_layers > 0 && !divides(stages, m.num_layers)) {
-        ctx.error("LY005", "model.num_layers", show(m.num_layers),
-                  fmt::format("{} layers cannot be split evenly over PP {} x VPP {} = {} stages",
-                              m.num_layers, m.pipeline_model_parallel_size,
-                              virtual_pipeline_size(m), stages),
-                  "make model.num_layers a multiple of PP x VPP");
+    // LY005: the pipeline split by the reference's rules (config/pipeline_layout.h).
+    if (std::optional<Finding> split = check_pipeline_layout(m)) {
+        ctx.error(split->id, split->field, split->value, split->message, split->fix);
     }
+    for (const Finding& f : check_fp8(m, c.env.gpu))  // FP ids (config/fp8_rules.h)
+        ctx.errors.push_back(f);
     const int groups = num_query_groups(m);
     if (m.num_attention_heads > 0 && groups > 0 && !divides(groups, m.num_attention_heads)) {
         ctx.error("LY006", "model.num_query_groups", show(groups),

@@ -27,7 +27,7 @@ std::optional<Use> when(bool used, std::string field, std::string value) {
     return used ? std::optional<Use>(Use{std::move(field), std::move(value)}) : std::nullopt;
 }
 
-// RT031's layout: an interleaved pipeline whose micro-batch count leaves a partial group of PP
+// RT033's layout: an interleaved pipeline whose micro-batch count leaves a partial group of PP
 // (known once the world size is).
 bool interleaved_partial_group(const Config& c) {
     const int pp = c.model.pipeline_model_parallel_size;
@@ -246,9 +246,39 @@ const std::vector<FeatureRow>& rows() {
                  "model.moe_ep_overlap_pair_edges", "true");
          },
          "set model.moe_ep_overlap_pair_edges=false, or model.pipeline_model_parallel_size=1"},
+        // The runtime's pipeline cuts the layers into PP x VPP equal blocks (gpt_model.h).
+        {{"RT031",
+          "uneven pipeline splits (num_layers_in_first/last_pipeline_stage, "
+          "account_for_embedding/loss_in_pipeline_split, pipeline_model_parallel_layout)",
+          &RC::uneven_pipeline},
+         [](C c) {
+             const ModelConfig& m = c.model;
+             if (m.pipeline_model_parallel_layout)
+                 return when(true, "model.pipeline_model_parallel_layout",
+                             *m.pipeline_model_parallel_layout);
+             if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage)
+                 return when(true,
+                             m.num_layers_in_first_pipeline_stage
+                                 ? "model.num_layers_in_first_pipeline_stage"
+                                 : "model.num_layers_in_last_pipeline_stage",
+                             show(m.num_layers_in_first_pipeline_stage
+                                      ? m.num_layers_in_first_pipeline_stage
+                                      : m.num_layers_in_last_pipeline_stage));
+             return when(
+                 m.account_for_embedding_in_pipeline_split || m.account_for_loss_in_pipeline_split,
+                 m.account_for_embedding_in_pipeline_split
+                     ? "model.account_for_embedding_in_pipeline_split"
+                     : "model.account_for_loss_in_pipeline_split",
+                 "true");
+         },
+         "make model.num_layers a multiple of PP x VPP and null the uneven-split options (epo "
+         "plan plans them)"},
+        {{"RT032", "fp8 training", &RC::fp8_training},
+         [](C c) { return when(c.model.fp8.has_value(), "model.fp8", show(c.model.fp8)); },
+         "set model.fp8=null"},
         // The interleaved schedule (pipeline_schedule.h) runs micro-batches in groups of PP
         // through each model chunk; the step plan refuses a count that leaves a partial group.
-        {{"RT031",
+        {{"RT033",
           "the interleaved pipeline schedule with a micro-batch count that is not a multiple of "
           "PP",
           &RC::interleaved_partial_group},

@@ -50,7 +50,9 @@ struct RuntimeCapabilities {
     bool pipeline_tied_embeddings = false;    // RT028
     bool pipeline_token_chunks = false;       // RT029
     bool pipeline_pair_edges = false;         // RT030
-    bool interleaved_partial_group = false;   // RT031
+    bool uneven_pipeline = false;             // RT031
+    bool fp8_training = false;                // RT032
+    bool interleaved_partial_group = false;   // RT033
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "epo/config/finalize.h"
+#include "epo/plan/layer_work.h"
 
 namespace epo::plan {
 namespace {
@@ -13,28 +14,6 @@ namespace {
 using schedule::NodeCall;
 using schedule::NodeKind;
 using schedule::Phase;
-
-// A micro-batch's rows that leave this rank, split by where they go: `rows` copies spread
-// evenly over the EP group (uniform routing), (ep_per_node - 1) / EP of them to this node's other
-// ranks, (EP - ep_per_node) / EP to other nodes. Flex sends a token to each other node once
-// (flex_remote_copies) and fans it out inside the destination node.
-comm::ByteCounts routed_bytes(const PlanModel& m, double row_bytes) {
-    const double T = static_cast<double>(m.shape.tokens());
-    const double k = static_cast<double>(m.shape.moe.topk);
-    const double ep = m.ep_size, local = m.ep_ranks_per_node;
-    double intra_rows = T * k * (local - 1) / ep;
-    double inter_rows = T * k * (ep - local) / ep;
-    if (m.flex && m.ep_size > m.ep_ranks_per_node) {
-        const int ep_nodes = m.ep_size / m.ep_ranks_per_node;
-        inter_rows = T * flex_remote_copies(m.shape.moe.num_experts, m.shape.moe.topk, ep_nodes);
-        // What arrives from other nodes for this node's other ranks goes on inside the node.
-        intra_rows += inter_rows * (local - 1) / local;
-    }
-    comm::ByteCounts b;
-    b.intra_sent = b.intra_recv = static_cast<int64_t>(intra_rows * row_bytes);
-    b.inter_sent = b.inter_recv = static_cast<int64_t>(inter_rows * row_bytes);
-    return b;
-}
 
 comm::ByteCounts scaled(const comm::ByteCounts& b, double f) {
     const auto part = [f](int64_t n) { return static_cast<int64_t>(static_cast<double>(n) * f); };
@@ -58,104 +37,34 @@ comm::ByteCounts group_bytes(double bytes, bool crosses_nodes) {
     return b;
 }
 
-// The expert load imbalance of the call's layer (1 for dense layers and for whole-model calls).
-double imbalance_at(const PlanModel& m, int layer) {
-    return layer >= 0 && static_cast<size_t>(layer) < m.load_imbalance.size()
-               ? m.load_imbalance[static_cast<size_t>(layer)]
-               : 1.0;
-}
-
-// How many equal chunks a MoE layer's dispatch/mlp/combine call is one of (1 for a whole call).
-double chunk_share(const PlanModel& m, const NodeCall& call) {
-    return call.moe_chunk >= 0 ? static_cast<double>(m.shape.moe.num_chunks) : 1.0;
-}
-
-// The forward work of a compute node (its products and element-wise bytes); the backward is
-// derived from it (scale_for_phase).
-struct ForwardWork {
-    std::vector<Gemm> weight_gemms;  // with a weight: counted again for the weight gradient
-    std::vector<Gemm> act_gemms;     // activation x activation (core attention)
-    double elementwise_bytes = 0;
-};
-
-ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
-    const model::GptShape& s = m.shape;
-    const double c = static_cast<double>(m.compute_bytes);
-    const double T = static_cast<double>(s.tokens()), H = static_cast<double>(s.hidden);
-    const double B = static_cast<double>(s.micro_batch_size), S = static_cast<double>(s.seq_length);
-    const double A = static_cast<double>(s.attn.num_heads),
-                 G = static_cast<double>(s.attn.num_groups);
-    const double d = static_cast<double>(s.attn.head_dim);
-    const bool moe = call.layer >= 0 && s.moe_layers[static_cast<size_t>(call.layer)];
-    const double E = static_cast<double>(s.moe.num_experts), k = static_cast<double>(s.moe.topk);
-    // Routed rows the busiest EP rank's experts receive (T k under balanced routing).
-    const double R = T * k * imbalance_at(m, call.layer);
-    ForwardWork w;
-    switch (call.node) {
-        case NodeKind::kEmbedding:
-            w.elementwise_bytes = T * H * (c + 4);  // gather rows, write the f32 hand-off
-            break;
-        case NodeKind::kPreDispatch: {
-            const double W = (A + 2 * G) * d;
-            w.weight_gemms = {{T, W, H}, {T, H, A * d}};
-            // Scores (S, S, d) and context (S, d, S) per sequence and head, the share computed.
-            w.act_gemms = {{S, S, d, B * A * m.attention_fraction},
-                           {S, d, S, B * A * m.attention_fraction}};
-            w.elementwise_bytes =
-                4 * T * H * (4 + c)    // two norms, residual add
-                + 2 * T * W * (4 + c)  // q/k/v: norm, rope, split
-                // softmax over the scores, unless fused (flash attention)
-                + (m.fused_attention ? 0.0 : B * A * S * S * (8 + c) * m.attention_fraction);
-            if (moe) {
-                w.weight_gemms.push_back({T, E, H});
-                // Permuting this rank's own T k rows (balanced on the sending side), top-k.
-                w.elementwise_bytes += 2 * T * k * H * c + T * E * 12;
-                // The shared expert runs here, beside the router (moe_block.cpp).
-                if (s.moe.shared_expert_size > 0) {
-                    const double Fs = static_cast<double>(s.moe.shared_expert_size);
-                    w.weight_gemms.push_back({T, 2 * Fs, H});
-                    w.weight_gemms.push_back({T, H, Fs});
-                    w.elementwise_bytes += T * 3 * Fs * c;
-                }
-            }
-            break;
-        }
-        case NodeKind::kMlp: {
-            if (moe) {
-                // The routed experts; a chunk's call (moe_block.h) runs a group of the local
-                // experts with their whole rows, or every expert on a share of the rows.
-                const double F = static_cast<double>(s.moe.ffn_hidden_size);
-                const double local = static_cast<double>(s.num_local_experts());
-                const double part = 1 / chunk_share(m, call);
-                const bool by_experts = s.moe.chunk_by == moe::ChunkBy::kExperts;
-                const double experts = by_experts ? local * part : local;
-                const double rows = by_experts ? R / local : R / local * part;
-                w.weight_gemms = {{rows, 2 * F, H, experts}, {rows, H, F, experts}};
-                w.elementwise_bytes = (R * 3 * F * c + 4 * R * H * c) * part;  // activation, sorts
-            } else {
-                const double F = static_cast<double>(s.ffn_hidden);
-                w.weight_gemms = {{T, 2 * F, H}, {T, H, F}};
-                w.elementwise_bytes = T * 3 * F * c;
-            }
-            break;
-        }
-        case NodeKind::kOutput: {
-            const double V = static_cast<double>(s.vocab);
-            w.weight_gemms = {{T, V, H}};
-            w.elementwise_bytes = T * H * (4 + c) + T * V * (8 + c);  // final norm, softmax + CE
-            break;
-        }
-        default:
-            break;
+// TP and CP collectives of a call's forward (`cp_times` of the CP bytes: 2 in the backward, which
+// also sends the key and value gradients back), on their links.
+void add_serial_comm(const PlanModel& m, const ForwardWork& f, double cp_times, NodeWork& w) {
+    if (m.tp_size > 1 && f.tp_collectives > 0) {
+        const double per = (m.tp_size - 1.0) / m.tp_size * static_cast<double>(m.shape.tokens()) /
+                           m.cp_size * static_cast<double>(m.shape.hidden) *
+                           static_cast<double>(m.compute_bytes);
+        w.serial_bytes += group_bytes(f.tp_collectives * per, m.tp_crosses_nodes);
+        w.num_serial_collectives += static_cast<int>(
+            m.sequence_parallel ? f.tp_collectives : std::ceil(f.tp_collectives / 2));
     }
-    return w;
+    if (m.cp_size > 1 && f.cp_bytes > 0) {
+        w.serial_bytes += group_bytes(cp_times * f.cp_bytes, m.cp_crosses_nodes);
+        w.num_serial_collectives += static_cast<int>(cp_times) * (m.cp_size - 1);
+    }
+    if (f.moe_bytes.inter_sent + f.moe_bytes.intra_sent > 0) {
+        w.serial_bytes += f.moe_bytes;  // an MTP layer's dispatch (2 collectives) and combine
+        w.num_serial_collectives += 3;
+    }
 }
 
 // Forward: the products once. Backward: input and weight gradients (twice the weight products,
 // twice the core attention's, twice the bytes). Delayed: backward keeps the input gradients
-// (weight products once, core attention twice), backward_dw the weight gradients.
-NodeWork scale_for_phase(const ForwardWork& f, const NodeCall& call) {
+// (weight products once, core attention twice), backward_dw the weight gradients. The TP and CP
+// collectives run with the forward and the backward (input gradients), none with backward_dw.
+NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCall& call) {
     NodeWork w;
+    const double c = static_cast<double>(m.compute_bytes);
     const auto add = [&](const std::vector<Gemm>& gemms, double times, GemmPass pass) {
         for (Gemm g : gemms) {
             g.count *= times;
@@ -163,19 +72,41 @@ NodeWork scale_for_phase(const ForwardWork& f, const NodeCall& call) {
             w.gemms.push_back(g);
         }
     };
+    // fp8: the weight products at the fp8 rate, each one's input cast first (read c, write 1
+    // byte an element): the activation (m, k) forward, the output gradient (m, n) for dgrad.
+    const auto add_weights = [&](const std::vector<Gemm>& gemms, double times, GemmPass pass) {
+        for (Gemm g : gemms) {
+            g.count *= times;
+            g.pass = pass;
+            g.fp8 = m.fp8;
+            if (m.fp8 && pass != GemmPass::kWgrad)
+                w.elementwise_bytes +=
+                    (pass == GemmPass::kForward ? g.m * g.k : g.m * g.n) * (c + 1) * g.count;
+            w.gemms.push_back(g);
+        }
+    };
     if (call.phase == Phase::kForward) {
-        add(f.weight_gemms, 1, GemmPass::kForward);
+        add_weights(f.weight_gemms, 1, GemmPass::kForward);
         add(f.act_gemms, 1, GemmPass::kForward);
-        w.elementwise_bytes = f.elementwise_bytes;
+        w.elementwise_bytes += f.elementwise_bytes;
+        add_serial_comm(m, f, 1, w);
         return w;
     }
     if (call.phase == Phase::kBackward) {
-        add(f.weight_gemms, 1, GemmPass::kDgrad);
+        // Recomputation first: forward products and bytes again (and a full recompute's
+        // collectives).
+        const ForwardWork r = recompute_work(m, call);
+        add_weights(r.weight_gemms, 1, GemmPass::kForward);
+        add(r.act_gemms, 1, GemmPass::kForward);
+        w.elementwise_bytes += r.elementwise_bytes;
+        add_serial_comm(m, r, 1, w);
+        add_weights(f.weight_gemms, 1, GemmPass::kDgrad);
         add(f.act_gemms, 2, GemmPass::kDgrad);
-        w.elementwise_bytes = 2 * f.elementwise_bytes;
+        w.elementwise_bytes += 2 * f.elementwise_bytes;
+        add_serial_comm(m, f, 2, w);
     }
     if (call.phase == Phase::kBackwardDw || !call.wgrad_delayed)
-        add(f.weight_gemms, 1, GemmPass::kWgrad);
+        add_weights(f.weight_gemms, 1, GemmPass::kWgrad);
     return w;
 }
 
@@ -210,6 +141,11 @@ CostParams default_params(const DeviceSpec& device) {
     // Kernel launches the host cannot run ahead of (the alltoall dispatcher waits for its token
     // counts on the host every layer): ~20 kernels per node at ~7 us each in eager PyTorch.
     p.node_overhead_us = 150;
+    // A communication call's host work: ~6 launches (the count exchange, the all-to-all, the
+    // permutation around it, the event record and wait) at the same ~7 us.
+    p.comm_launch_us = 42;
+    // A CUDA graph replays its kernels from one launch (~10 us of host time).
+    p.graph_launch_us = 10;
     p.source = fmt::format("defaults for {} (docs/plan.md)", device.id);
     return p;
 }
@@ -227,11 +163,15 @@ double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes) {
 }
 
 PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
-                          const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load) {
+                          const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load,
+                          int pipeline_rank) {
     PlanModel m;
     const config::ModelConfig& mc = cfg.model;
     m.ep_size = std::max(1, mc.expert_model_parallel_size);
     m.shape = model::gpt_shape_from_config(cfg, m.ep_size, 0);
+    m.shape.pipeline_size = mc.pipeline_model_parallel_size;
+    m.shape.virtual_pipeline_size = config::virtual_pipeline_size(mc);
+    m.shape.pipeline_rank = pipeline_rank;
     m.compute_bytes = mc.bf16 ? 2 : 4;
     m.num_nodes = config::num_nodes(cfg.comm);
     const int per_node = config::gpus_per_node(cfg.comm);
@@ -242,6 +182,42 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     m.dp_size = plan.dp_size;
     m.edp_size = plan.edp_size;
     m.dp_crosses_nodes = m.edp_crosses_nodes = m.num_nodes > 1;
+    m.tp_size = mc.tensor_model_parallel_size;
+    m.cp_size = mc.context_parallel_size;
+    m.etp_size = config::expert_tensor_parallel_size(mc);
+    m.sequence_parallel = mc.sequence_parallel;
+    m.tp_comm_overlap = mc.tp_comm_overlap;
+    // Megatron-Core's rank order (tp, cp, ep/dp, pp from fastest): a group crosses nodes when
+    // its stride times its size exceeds the node.
+    m.tp_crosses_nodes = m.tp_size > per_node;
+    m.cp_crosses_nodes = int64_t{m.tp_size} * m.cp_size > per_node;
+    const int64_t world = config::world_size(cfg);
+    m.pp_crosses_nodes =
+        mc.pipeline_model_parallel_size > 1 && world / mc.pipeline_model_parallel_size >= per_node;
+    m.mla = mc.multi_latent_attention;
+    m.q_lora_rank = mc.q_lora_rank.value_or(0);
+    m.kv_lora_rank = mc.kv_lora_rank;
+    m.qk_head_dim = mc.qk_head_dim;
+    m.qk_pos_emb_head_dim = mc.qk_pos_emb_head_dim;
+    m.v_head_dim = mc.v_head_dim;
+    m.mtp_num_layers = mc.mtp_num_layers.value_or(0);
+    m.fp8 = mc.fp8.has_value();
+    if (mc.cuda_graph_impl != config::CudaGraphImpl::kNone) {
+        // No module named: the reference graphs the whole layer.
+        const bool all = config::graphed_module_names(mc).empty();
+        m.graph_attn = all || config::is_graphed(mc, "attn");
+        m.graph_router = all || config::is_graphed(mc, "moe_router");
+        m.graph_preprocess = all || config::is_graphed(mc, "moe_preprocess");
+        m.graph_mlp = all || config::is_graphed(mc, "mlp");
+        m.graph_moe = all || config::is_graphed(mc, "moe");
+    }
+    m.recompute_granularity = mc.recompute_granularity;
+    m.recompute_modules = mc.recompute_modules.value_or(
+        std::vector<config::RecomputeModule>{config::RecomputeModule::kCoreAttn});
+    m.recompute_block = mc.recompute_method == config::RecomputeMethod::kBlock;
+    m.recompute_num_layers = mc.recompute_num_layers.value_or(1);
+    m.layers_per_chunk = std::max(
+        1, mc.num_layers / (mc.pipeline_model_parallel_size * config::virtual_pipeline_size(mc)));
     m.distributed_optimizer = plan.distributed_optimizer;
     m.load_imbalance.assign(static_cast<size_t>(m.shape.num_layers), 1.0);
     int moe_index = 0;
@@ -253,10 +229,12 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
         int64_t dense = 0, expert = 0;
         for (int position : bucket.positions) {
             const train::PositionParamSizes sizes = train::param_sizes_at(m.shape, position);
+            // Dense weights split over TP, the experts' over ETP (norms and the router are
+            // replicated: counted split, a rounding of their few bytes).
             for (int64_t n : sizes.dense)
-                dense += plan.dp_size > 1 ? 4 * n : 0;
+                dense += plan.dp_size > 1 ? 4 * n / m.tp_size : 0;
             for (int64_t n : sizes.expert)
-                expert += plan.edp_size > 1 ? 4 * n : 0;
+                expert += plan.edp_size > 1 ? 4 * n / m.etp_size : 0;
         }
         m.bucket_dense_bytes.push_back(dense);
         m.bucket_expert_bytes.push_back(expert);
@@ -276,9 +254,23 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             // A chunk's call moves its share of the rows; the busiest rank moves f times the
             // mean.
             const bool dispatch = call.node == NodeKind::kDispatch;
-            w.bytes = scaled(routed_bytes(m, H * c + (dispatch ? 4 : 0)),
+            // Flex with fp8 sends the forward dispatch's rows in fp8, one fp32 scale per 128.
+            const bool fp8_rows = m.fp8 && m.flex && dispatch && call.phase == Phase::kForward;
+            const double row = fp8_rows ? H + H / 128 * 4 : H * c;
+            w.bytes = scaled(routed_bytes(m, row + (dispatch ? 4 : 0)),
                              imbalance_at(m, call.layer) / chunk_share(m, call));
-            w.num_collectives = dispatch ? 2 : 1;
+            w.num_collectives = (dispatch ? 2 : 1) + (m.etp_size > 1 ? 1 : 0);
+            return w;
+        }
+        case NodeKind::kSendForward:
+        case NodeKind::kRecvForward:
+        case NodeKind::kSendBackward:
+        case NodeKind::kRecvBackward: {
+            // A pipeline hand-off: the (Ts, H) activation or its gradient, between neighbouring
+            // stages (Megatron-Core's order puts them world / PP ranks apart).
+            NodeWork w;
+            w.bytes = group_bytes(sharded_tokens(m) * H * c, m.pp_crosses_nodes);
+            w.num_collectives = 1;
             return w;
         }
         case NodeKind::kGradReduce:
@@ -299,15 +291,26 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             part(m.bucket_expert_bytes.at(b), m.edp_size, m.edp_crosses_nodes);
             return w;
         }
-        default:
-            return scale_for_phase(forward_work(m, call), call);
+        default: {
+            NodeWork w = scale_for_phase(forward_work(m, call), m, call);
+            w.graphed_share = graphed_share(m, call);
+            return w;
+        }
     }
 }
 
+double launch_seconds(const NodeWork& w, const CostParams& p) {
+    return (p.node_overhead_us * (1 - w.graphed_share) +
+            (w.graphed_share > 0 ? p.graph_launch_us : 0)) *
+           1e-6;
+}
+
 double compute_seconds(const NodeWork& w, const DeviceSpec& device, const CostParams& p) {
-    const double peak = device.peak_bf16_tflops * 1e12;
     double t = 0;
     for (const Gemm& g : w.gemms) {
+        const double peak = (g.fp8 && device.peak_fp8_tflops > 0 ? device.peak_fp8_tflops
+                                                                 : device.peak_bf16_tflops) *
+                            1e12;
         const double x = std::min({g.m, g.n, g.k});
         const double e = g.pass == GemmPass::kForward ? p.gemm_efficiency
                          : g.pass == GemmPass::kDgrad ? p.dgrad_efficiency
@@ -317,7 +320,7 @@ double compute_seconds(const NodeWork& w, const DeviceSpec& device, const CostPa
     }
     t += w.elementwise_bytes / (device.memory_tbps * 1e12 * p.elementwise_efficiency);
     t += w.stream_bytes / (device.memory_tbps * 1e12 * p.memory_efficiency);
-    return t + p.node_overhead_us * 1e-6;
+    return t + launch_seconds(w, p);
 }
 
 double comm_seconds(const NodeWork& w, const NetworkSpec& network, const CostParams& p) {
@@ -330,23 +333,43 @@ double comm_seconds(const NodeWork& w, const NetworkSpec& network, const CostPar
            (w.num_collectives - 1) * network.latency_us * 1e-6;
 }
 
+double serial_comm_seconds(const NodeWork& w, const NetworkSpec& network, const CostParams& p) {
+    if (w.num_serial_collectives == 0)
+        return 0;
+    NodeWork c;
+    c.bytes = w.serial_bytes;
+    c.num_collectives = w.num_serial_collectives;
+    return comm_seconds(c, network, p);
+}
+
 double call_seconds(const PlanModel& m, const NodeCall& call, const Hardware& hw,
                     const CostParams& p) {
     const NodeWork w = node_work(m, call);
-    return schedule::stream_of(call.node) == schedule::StreamId::kComm
-               ? comm_seconds(w, hw.network, p)
-               : compute_seconds(w, hw.device, p);
+    if (schedule::stream_of(call.node) == schedule::StreamId::kComm)
+        return comm_seconds(w, hw.network, p);
+    // The compute stream waits for its TP / CP collectives; with tp_comm_overlap they run under
+    // the call's own products, so only what outlasts them counts.
+    const double compute = compute_seconds(w, hw.device, p);
+    const double serial = serial_comm_seconds(w, hw.network, p);
+    if (!m.tp_comm_overlap)
+        return compute + serial;
+    NodeWork gemms_only;
+    gemms_only.gemms = w.gemms;
+    const double gemm_s = compute_seconds(gemms_only, hw.device, p) - launch_seconds(gemms_only, p);
+    return compute + std::max(0.0, serial - gemm_s);
 }
 
 OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
     const int64_t L = m.shape.num_layers;
     double dense = 0, expert = 0;  // elements on this rank
     for (int position = -1; position <= L; ++position) {
+        if (!m.shape.holds(position))
+            continue;  // another pipeline stage's
         const train::PositionParamSizes sizes = train::param_sizes_at(m.shape, position);
         for (int64_t n : sizes.dense)
-            dense += static_cast<double>(n);
+            dense += static_cast<double>(n) / m.tp_size;
         for (int64_t n : sizes.expert)
-            expert += static_cast<double>(n);
+            expert += static_cast<double>(n) / m.etp_size;
     }
     OptimizerWork o;
     const double shard =

@@ -43,12 +43,45 @@
 // twice its element-wise bytes; with delayed weight gradients the backward keeps the input
 // gradients (weights' products once, core attention twice) and backward_dw the rest.
 //
-// Deliberately not modelled: tensor or context parallelism (epo plan refuses TP, CP > 1), load
+// Megatron-Core's layout (Tc = T / CP tokens of this rank's sequence chunk, Ts = Tc / TP with
+// sequence parallelism, else Tc):
+//   TP       every dense product's output (or inner) width / TP, core attention's heads / TP;
+//            per layer a gather before and a reduce-scatter after attention and after a dense MLP
+//            or shared expert (one all-reduce each without SP), each (TP-1)/TP Tc H c bytes on the
+//            node's links, on the compute call (the compute stream waits for them); with
+//            tp_comm_overlap only what outlasts the call's products
+//   CP       queries Sc = S / CP against all S keys; the other CP ranks' keys and values
+//            ((CP-1) Tc 2 G d / TP c bytes, twice in the backward) on the attention call
+//   ETP      the rows a rank receives all-gathered over ETP (combine: reduce-scattered), (ETP-1)
+//            R H c more bytes inside the node; each expert product R ETP rows of F / ETP
+//   PP       a stage's calls (pipeline_schedule.h), its hand-offs Ts H c between stages
+//   MLA      (attention_work in cost_model.cpp): compressed q and kv, rope and non-rope parts
+//   recompute  the backward first runs again: full, the layer's whole forward (uniform: every
+//            layer; block: the first recompute_num_layers of each model chunk); selective, per
+//            module of recompute_modules: core_attn the score and context products, layernorm the
+//            norms' element-wise bytes, mla_up_proj MLA's up projections, moe_act the experts'
+//            activation bytes, moe or mlp the MLP's forward, shared_experts the shared expert
+//   fp8      every weight product at the device's fp8 rate; its input cast to fp8 first (read c,
+//            write 1 byte an element: the activation in the forward, the output gradient in the
+//            backward; the weights' casts are cached across micro-batches); with flex the
+//            dispatch sends rows in fp8 with one fp32 scale per 128 elements, H + H / 32 + 4
+//            bytes a row (the combine and the backward stay bf16), as DeepEP and HybridEP do
+//   graphs   a compute call's launch cost is node_overhead_us; the share its graphed modules
+//            cover is replaced by one graph_launch_us (pre_dispatch: attention 0.6, the router
+//            0.2, the permutation 0.2; mlp: all of it for mlp / moe)
+//   host     the host launches every call one after another: an overlap schedule takes at
+//            least the sum of every compute call's launch cost and comm_launch_us per
+//            communication call (plan.cpp); a GPU fast enough makes that the step
+//   MTP      each depth: a projection (Tc, H, 2H), one layer like the last, an output head and
+//            loss, on the last stage's output call (an MoE layer's dispatch and combine there too)
+//
+// Deliberately not modelled: load
 // imbalance between the experts of one rank (only the ranks' totals count) or between the
 // micro-batches of a step, kernel fusion beyond what the byte counts say.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,7 +109,11 @@ struct CostParams {
     double overlap_slowdown = 0;       // alltoall: a call slows by this while the other stream runs
     double flex_overlap_slowdown = 0;  // the same with the flex dispatcher's kernels
     double node_overhead_us = 0;       // fixed cost of every compute node call
-    std::string source;                // "defaults for h100", "calibration FILE", ...
+    // The host's launch cost of a communication call (its kernels, event record and wait): the
+    // overlap schedules cannot finish before the host has launched every call of the step.
+    double comm_launch_us = 0;
+    double graph_launch_us = 0;  // a CUDA graph's replay, instead of its kernels' launches
+    std::string source;          // "defaults for h100", "calibration FILE", ...
 };
 
 // The figures docs/plan.md states for each family.
@@ -88,15 +125,23 @@ struct Gemm {
     double m = 0, n = 0, k = 0;
     double count = 1;
     GemmPass pass = GemmPass::kForward;
+    bool fp8 = false;  // at the device's fp8 rate (model.fp8: the weight products)
 };
 
 // What one call does.
 struct NodeWork {
     std::vector<Gemm> gemms;
+    // Of the compute call's launch cost (node_overhead_us): the share its CUDA graphs replace
+    // with one graph launch (model.cuda_graph_modules).
+    double graphed_share = 0;
     double elementwise_bytes = 0;  // element-wise kernels
     double stream_bytes = 0;       // streaming loops
     comm::ByteCounts bytes;        // per rank (the busiest, for the all-to-alls)
     int num_collectives = 0;
+    // Collectives the compute stream waits for inside a compute call (tensor- and
+    // context-parallel all-gathers, reduce-scatters, all-reduces), per rank.
+    comm::ByteCounts serial_bytes;
+    int num_serial_collectives = 0;
 };
 
 // Everything a call's work depends on, from the finalized configuration and its step plan.
@@ -111,6 +156,27 @@ struct PlanModel {
     bool fused_attention = true;
     int dp_size = 1, edp_size = 1;
     bool dp_crosses_nodes = false, edp_crosses_nodes = false;
+    // Megatron-Core's layout: TP with or without sequence parallelism, CP, the experts' TP.
+    int tp_size = 1, cp_size = 1, etp_size = 1;
+    bool sequence_parallel = false;
+    bool tp_comm_overlap = false;  // TP collectives hidden under the GEMMs (latency stays)
+    bool tp_crosses_nodes = false, cp_crosses_nodes = false, pp_crosses_nodes = false;
+    // Multi-latent attention (model.multi_latent_attention): the ranks and head parts.
+    bool mla = false;
+    double q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0,
+           v_head_dim = 0;
+    int mtp_num_layers = 0;  // multi-token prediction depths, on the last stage
+    bool fp8 = false;        // model.fp8: weight products at the fp8 rate, their inputs cast
+    // Graphed modules (model.cuda_graph_impl / cuda_graph_modules): attention, the router and
+    // the permutation before the dispatch, the dense MLP, the experts.
+    bool graph_attn = false, graph_router = false, graph_preprocess = false, graph_mlp = false,
+         graph_moe = false;
+    // Activation recompute: what the backward of a layer's calls runs again first.
+    std::optional<config::RecomputeGranularity> recompute_granularity;
+    std::vector<config::RecomputeModule> recompute_modules;  // selective
+    bool recompute_block = false;  // full: the first recompute_num_layers of each model chunk
+    int recompute_num_layers = 1;
+    int layers_per_chunk = 1;  // L / (PP VPP)
     bool distributed_optimizer = false;
     // [L]: the busiest EP rank's routed rows over the mean (1 for dense layers).
     std::vector<double> load_imbalance;
@@ -118,15 +184,21 @@ struct PlanModel {
     std::vector<int64_t> bucket_dense_bytes, bucket_expert_bytes;
 };
 
-// `plan` is make_step_plan's for `cfg` (any schedule: the buckets are the same).
+// `plan` is make_step_plan's for `cfg` (any schedule: the buckets are the same), of pipeline
+// stage `pipeline_rank`.
 PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
-                          const DeviceSpec& device, bool flex,
-                          const ExpertLoadImbalance& load = {});
+                          const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load = {},
+                          int pipeline_rank = 0);
 
 NodeWork node_work(const PlanModel& model, const schedule::NodeCall& call);
 
 double compute_seconds(const NodeWork& work, const DeviceSpec& device, const CostParams& params);
+// The host's launch cost of a compute call (node_overhead_us, less what CUDA graphs replace).
+double launch_seconds(const NodeWork& work, const CostParams& params);
 double comm_seconds(const NodeWork& work, const NetworkSpec& network, const CostParams& params);
+// The compute call's TP / CP collectives (serial_bytes) on their links.
+double serial_comm_seconds(const NodeWork& work, const NetworkSpec& network,
+                           const CostParams& params);
 // Either, by the call's stream.
 double call_seconds(const PlanModel& model, const schedule::NodeCall& call, const Hardware& hw,
                     const CostParams& params);

@@ -26,16 +26,21 @@ const std::vector<DeviceSpec>& plan_devices() {
     static const std::vector<DeviceSpec> devices = {
         {"h100", 989, 3.35, 80, 0.5, true, 132,
          "NVIDIA H100 SXM5 datasheet: BF16 1979 TFLOP/s with sparsity (989 dense), 80 GB "
-         "HBM3 at 3.35 TB/s, 132 SMs"},
+         "HBM3 at 3.35 TB/s, 132 SMs; FP8 3958 with sparsity (1979 dense)",
+         1979},
         {"h200", 989, 4.8, 141, 0.5, true, 132,
          "NVIDIA H200 SXM datasheet: BF16 1979 TFLOP/s with sparsity (989 dense), 141 GB "
-         "HBM3e at 4.8 TB/s, 132 SMs"},
+         "HBM3e at 4.8 TB/s, 132 SMs; FP8 3958 with sparsity (1979 dense)",
+         1979},
         {"b200", 2250, 8.0, 180, 0.5, true, 148,
          "NVIDIA HGX B200 datasheet: BF16 4.5 PFLOP/s per GPU with sparsity (2.25 dense), 180 "
-         "GB HBM3e at 8 TB/s, 148 SMs"},
+         "GB HBM3e at 8 TB/s, 148 SMs; FP8 9 PFLOP/s with sparsity (4.5 dense)",
+         4500},
         {"gb200", 2500, 8.0, 186, 0.5, true, 148,
          "NVIDIA GB200 NVL72 datasheet: BF16 360 PFLOP/s per 72 GPUs with sparsity (2.5 dense "
-         "per GPU), 13.4 TB HBM3e at 576 TB/s per 72 GPUs (186 GB, 8 TB/s each), 148 SMs"},
+         "per GPU), 13.4 TB HBM3e at 576 TB/s per 72 GPUs (186 GB, 8 TB/s each), 148 SMs; FP8 "
+         "720 PFLOP/s per 72 GPUs with sparsity (5 dense per GPU)",
+         5000},
         {"cpu", 0.7, 0.02, 24, 1.0, false, 0,
          "this machine, one rank per core: placeholders (0.7 TFLOP/s bf16, 20 GB/s) until "
          "`epo plan --calibrate kernels` measures them"},

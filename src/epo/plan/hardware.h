@@ -30,8 +30,9 @@ struct DeviceSpec {
     // Fused (flash) attention keeps the scores on chip: no score or probability bytes in memory,
     // and none held for the backward. The CPU runtime materializes them.
     bool fused_attention = true;
-    int num_sms = 0;     // streaming multiprocessors (0: not a GPU)
-    std::string source;  // where the figures come from
+    int num_sms = 0;             // streaming multiprocessors (0: not a GPU)
+    std::string source;          // where the figures come from
+    double peak_fp8_tflops = 0;  // dense fp8 (0: no fp8 tensor cores; fp8 runs at the bf16 rate)
 };
 
 struct NetworkSpec {

@@ -6,7 +6,10 @@
 
 #include "epo/config/finalize.h"
 #include "epo/config/memory_estimate.h"
+#include "epo/config/pipeline_layout.h"
 #include "epo/core/error.h"
+#include "epo/plan/gpu_memory.h"
+#include "epo/plan/plan_notes.h"
 #include "epo/schedule/critical_path.h"
 #include "epo/train/flops.h"
 #include "epo/train/step_plan.h"
@@ -22,6 +25,8 @@ using schedule::StreamId;
 // stream's busy share of its span in the previous one.
 constexpr int kReplayPasses = 3;
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 int stream_index(const NodeCall& c) {
     return schedule::stream_of(c.node) == StreamId::kCompute ? 0 : 1;
 }
@@ -29,7 +34,8 @@ int stream_index(const NodeCall& c) {
 // The runtime's estimate (config/memory_estimate.h), less what fused attention never holds: the
 // probabilities c B A S^2 of every layer of every micro-batch in flight, and the (4 + c) S^2
 // score scratch of one sequence.
-int64_t peak_memory(const config::Config& cfg, const model::GptShape& s, const DeviceSpec& device) {
+int64_t cpu_peak_memory(const config::Config& cfg, const model::GptShape& s,
+                        const DeviceSpec& device) {
     const config::MemoryEstimate m = config::estimate_rank_memory(cfg, config::world_size(cfg));
     if (!device.fused_attention)
         return m.total();
@@ -46,32 +52,16 @@ config::Config with_schedule(config::Config cfg, bool overlap, bool delay_wgrad)
     return cfg;
 }
 
+// What the planner cannot plan at all: a model without experts (no EP communication to
+// overlap), or no topology. Every layout Megatron runs (TP, SP, CP, ETP, PP, VPP) and every model
+// family plans; what the cost model approximates is said in a note (plan_notes).
 void check_plannable(const config::Config& cfg) {
     const config::ModelConfig& m = cfg.model;
-    const auto refuse = [](const char* field, auto value, const char* fix) {
-        throw Error(ErrorKind::kConfig, fmt::format("epo plan: {} is {}; {}", field, value, fix));
-    };
-    if (m.tensor_model_parallel_size != 1)
-        refuse("model.tensor_model_parallel_size", m.tensor_model_parallel_size,
-               "the planner models TP = 1 (the runtime's schedules); set -tp 1");
-    if (m.context_parallel_size != 1)
-        refuse("model.context_parallel_size", m.context_parallel_size,
-               "the planner models CP = 1; set -cp 1");
-    if (m.pipeline_model_parallel_size != 1)
-        refuse("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
-               "the runtime's schedules are single-stage; set -pp 1");
-    if (m.multi_latent_attention)
-        refuse("model.multi_latent_attention", "true",
-               "the planner's attention is the runtime's (grouped-query); MLA (deepseek-v3) is "
-               "not modelled: plan a GQA model, or set model.multi_latent_attention=false for a "
-               "rough what-if");
-    if (m.mtp_num_layers.value_or(0) > 0)
-        refuse("model.mtp_num_layers", *m.mtp_num_layers,
-               "multi-token prediction layers are not modelled; set model.mtp_num_layers=null");
-    if (!config::is_moe(m))
-        refuse("model.num_moe_experts", 0,
-               "the model has no experts, so there is no EP communication to overlap; plan an "
-               "MoE model");
+    if (!config::is_moe(m)) {
+        throw Error(ErrorKind::kConfig,
+                    "epo plan: model.num_moe_experts is 0; the model has no experts, so there is "
+                    "no EP communication to overlap: plan an MoE model");
+    }
     if (config::world_size(cfg) <= 0) {
         throw Error(ErrorKind::kConfig,
                     "epo plan: no topology stated (comm.num_nodes x comm.gpus_per_node); give "
@@ -133,6 +123,12 @@ StepBytes calibrated_link_bytes(const PlanModel& pm, const train::StepPlan& sp) 
     return out;
 }
 
+// Paired edges are an epo runtime schedule (docs/paired-edges.md), single-stage: a GPU stack
+// has no such knob, so only a plan for this machine suggests it.
+bool suggests_pairing(const PlanResult& r) {
+    return r.hardware.device.id == "cpu" && r.num_stages == 1;
+}
+
 std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
                            const ScheduleEstimate& best) {
     const double share = base.step_time_s > 0 ? base.exposed_comm_s / base.step_time_s : 0;
@@ -149,7 +145,9 @@ std::string verdict_reason(const PlanResult& r, const ScheduleEstimate& base,
             "rank hide more{})",
             r.num_micro_batches, r.num_micro_batches == 1 ? "" : "es", best.exposed_comm_s,
             base.exposed_comm_s,
-            r.num_micro_batches >= 2 ? ", and so does pairing the edges: note below" : "");
+            r.num_micro_batches >= 2 && suggests_pairing(r)
+                ? ", and so does pairing the edges: note below"
+                : "");
     }
     const double a2a_compute = base.compute_s - base.optimizer_s;
     if (base.alltoall_s > 1.5 * a2a_compute) {
@@ -193,7 +191,7 @@ void set_network_to_ratio(const config::Config& base_cfg, const model::GptShape&
 }
 
 // The verdict on the better overlap schedule, its reason, and a note when it does not fit.
-void judge(PlanResult& r) {
+void judge(PlanResult& r, const config::Config& cfg) {
     const ScheduleEstimate& base = r.runs.front();
     const ScheduleEstimate* best = &r.runs[1];
     for (const ScheduleEstimate& e : r.runs) {
@@ -203,17 +201,7 @@ void judge(PlanResult& r) {
     const double s = *best->speedup;
     r.verdict = s >= 1.05 ? "pays" : s >= 0.98 ? "marginal" : "does not pay";
     r.reason = fmt::format("{} {:.2f}x: {}", best->name, s, verdict_reason(r, base, *best));
-    const double capacity = r.hardware.device.memory_gb * 1e9;
-    if (static_cast<double>(best->peak_memory_bytes) > capacity) {
-        // On a GPU stack the estimate is the epo runtime's layout (f32 hand-offs, no
-        // recomputation), an upper bound for Megatron-Core's.
-        r.notes.push_back(fmt::format(
-            "{} needs {:.1f} GB per rank by the epo runtime's memory estimate, more than the "
-            "{:g} GB of a {}: it does not fit as the epo runtime lays it out (a GPU stack's "
-            "recomputation and layout need less; check there)",
-            best->name, static_cast<double>(best->peak_memory_bytes) / 1e9,
-            r.hardware.device.memory_gb, r.hardware.device.id));
-    }
+    check_memory(r, cfg);
 }
 
 }  // namespace
@@ -263,13 +251,55 @@ Replay replay_schedule(const std::vector<NodeCall>& calls,
     return r;
 }
 
-ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw,
-                                   const CostParams& params, bool flex,
-                                   const ExpertLoadImbalance& load) {
-    const model::GptShape shape =
+namespace {
+
+// The configuration whose even split plans stage `stage` of an uneven one: every model chunk
+// `per_chunk` layers (the stage's own layers in order, the last repeated to pad or the tail cut),
+// so the runtime's schedules (which cut PP x VPP equal blocks) give the stage its own chunks.
+config::Config stage_config(const config::Config& cfg, const config::PipelineLayout& layout,
+                            int stage, int per_chunk) {
+    config::Config out = cfg;
+    config::ModelConfig& m = out.model;
+    const int P = layout.num_stages, V = layout.num_chunks;
+    const std::vector<bool> moe = config::moe_layer_pattern(cfg.model);
+    std::vector<int> own;  // the stage's layers, model chunk by model chunk
+    for (const config::ModelChunk& ch : layout.chunks[static_cast<size_t>(stage)]) {
+        for (int l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l)
+            own.push_back(moe[static_cast<size_t>(l)] ? 1 : 0);
+    }
+    if (own.empty())
+        own.push_back(moe.empty() ? 0 : moe.back() ? 1 : 0);
+    while (static_cast<int>(own.size()) < per_chunk * V)
+        own.push_back(own.back());
+    own.resize(static_cast<size_t>(per_chunk * V));
+    std::vector<int> pattern;
+    for (int c = 0; c < V; ++c) {
+        for (int s = 0; s < P; ++s)
+            pattern.insert(pattern.end(), own.begin() + c * per_chunk,
+                           own.begin() + (c + 1) * per_chunk);
+    }
+    m.num_layers = per_chunk * P * V;
+    if (config::is_moe(m))
+        m.moe_layer_freq = pattern;
+    m.virtual_pipeline_model_parallel_size = V > 1 ? std::optional<int>(V) : std::optional<int>();
+    m.account_for_embedding_in_pipeline_split = m.account_for_loss_in_pipeline_split = false;
+    m.num_layers_in_first_pipeline_stage.reset();
+    m.num_layers_in_last_pipeline_stage.reset();
+    m.pipeline_model_parallel_layout.reset();
+    return out;
+}
+
+// One pipeline stage's schedule (the whole step with PP = 1).
+ScheduleEstimate estimate_stage(const config::Config& full_cfg, const config::Config& cfg,
+                                const Hardware& hw, const CostParams& params, bool flex,
+                                const ExpertLoadImbalance& load, int stage) {
+    model::GptShape shape =
         model::gpt_shape_from_config(cfg, std::max(1, cfg.model.expert_model_parallel_size), 0);
+    shape.pipeline_size = cfg.model.pipeline_model_parallel_size;
+    shape.virtual_pipeline_size = config::virtual_pipeline_size(cfg.model);
+    shape.pipeline_rank = stage;
     const train::StepPlan sp = train::make_step_plan(cfg, shape);
-    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex, load);
+    const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex, load, stage);
     const Replay r = replay_schedule(
         sp.calls, [&](const NodeCall& c) { return call_seconds(pm, c, hw, params); },
         flex ? params.flex_overlap_slowdown : params.overlap_slowdown);
@@ -286,7 +316,17 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
                         : (flex ? "" : "baseline"));
     e.optimizer_s = compute_seconds(opt_compute, hw.device, params) +
                     comm_seconds(opt.collectives, hw.network, params);
-    e.step_time_s = r.end_s + e.optimizer_s;
+    // The host launches every call one after another (cost_model.h "host"): the step cannot
+    // end before it has.
+    double host_s = 0;
+    for (const NodeCall& c : sp.calls) {
+        host_s += schedule::stream_of(c.node) == StreamId::kComm
+                      ? params.comm_launch_us * 1e-6
+                      : launch_seconds(node_work(pm, c), params);
+    }
+    e.host_launch_s = host_s;
+    e.host_bound = host_s > r.end_s;
+    e.step_time_s = std::max(r.end_s, host_s) + e.optimizer_s;
     e.compute_s = r.compute_s + e.optimizer_s;
     e.comm_s = r.comm_s;
     e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
@@ -303,11 +343,81 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
     const int64_t world = config::world_size(cfg);
     e.tokens_per_s = static_cast<double>(cfg.train.global_batch_size.value_or(0)) *
                      cfg.model.seq_length / e.step_time_s;
-    e.tflops_per_gpu = train::model_flops(shape, cfg.train.global_batch_size.value_or(0)) /
+    e.tflops_per_gpu = train::model_flops(model::gpt_shape_from_config(full_cfg, pm.ep_size, 0),
+                                          cfg.train.global_batch_size.value_or(0)) /
                        e.step_time_s / world / 1e12;
-    e.peak_memory_bytes = peak_memory(cfg, shape, hw.device);
+    if (hw.device.id == "cpu") {
+        e.peak_memory_bytes = cpu_peak_memory(full_cfg, shape, hw.device);
+    } else {
+        // Megatron-Core's layout (gpu_memory.h), its busiest stage.
+        const GpuMemory mem = estimate_gpu_memory(full_cfg);
+        e.peak_memory_bytes = static_cast<int64_t>(mem.peak());
+        e.memory_stage = mem.stages[static_cast<size_t>(mem.busiest_stage)];
+    }
     e.num_calls = sp.calls.size();
+    e.busiest_stage = stage;
     return e;
+}
+
+// A stage of an uneven split: with n layers over V model chunks, planned at floor(n / V) and
+// ceil(n / V) layers a chunk and interpolated linearly in the layers (exact when V divides n).
+ScheduleEstimate estimate_stage(const config::Config& cfg, const Hardware& hw,
+                                const CostParams& params, bool flex,
+                                const ExpertLoadImbalance& load, int stage) {
+    const config::PipelineLayout layout = config::pipeline_layout(cfg.model);
+    if (layout.even)
+        return estimate_stage(cfg, cfg, hw, params, flex, load, stage);
+    const int n = layout.stage_layers(stage), V = layout.num_chunks;
+    const int lo = n / V, hi = (n + V - 1) / V;
+    ScheduleEstimate e = estimate_stage(cfg, stage_config(cfg, layout, stage, std::max(1, hi)), hw,
+                                        params, flex, load, stage);
+    if (lo == hi || lo == 0)
+        return e;
+    const ScheduleEstimate f =
+        estimate_stage(cfg, stage_config(cfg, layout, stage, lo), hw, params, flex, load, stage);
+    const double w = static_cast<double>(n - lo * V) / V;  // the share of the way to hi
+    const auto mix = [w](double a, double b) { return b + w * (a - b); };
+    e.step_time_s = mix(e.step_time_s, f.step_time_s);
+    e.compute_s = mix(e.compute_s, f.compute_s);
+    e.comm_s = mix(e.comm_s, f.comm_s);
+    e.exposed_comm_s = mix(e.exposed_comm_s, f.exposed_comm_s);
+    e.alltoall_s = mix(e.alltoall_s, f.alltoall_s);
+    e.optimizer_s = mix(e.optimizer_s, f.optimizer_s);
+    e.host_launch_s = mix(e.host_launch_s, f.host_launch_s);
+    e.tokens_per_s = mix(e.tokens_per_s, f.tokens_per_s);
+    e.tflops_per_gpu = mix(e.tflops_per_gpu, f.tflops_per_gpu);
+    for (auto& [node, seconds] : e.node_seconds)
+        seconds = mix(seconds, f.node_seconds.count(node) ? f.node_seconds.at(node) : 0.0);
+    return e;
+}
+
+}  // namespace
+
+// PP > 1: every stage planned on its own list; the step is the slowest stage's, plus the
+// pipeline's bubble, which a stage's own replay does not see (it does not wait for its
+// neighbours): (P - 1) / (V M) of its compute, the fill and drain of P - 1 stages of V chunks
+// each holding 1 / (V M) of the stage's work.
+ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw,
+                                   const CostParams& params, bool flex,
+                                   const ExpertLoadImbalance& load) {
+    const int P = cfg.model.pipeline_model_parallel_size;
+    ScheduleEstimate worst = estimate_stage(cfg, hw, params, flex, load, 0);
+    for (int stage = 1; stage < P; ++stage) {
+        ScheduleEstimate e = estimate_stage(cfg, hw, params, flex, load, stage);
+        if (e.step_time_s > worst.step_time_s)
+            worst = std::move(e);
+    }
+    if (P > 1) {
+        const double V = config::pipeline_layout(cfg.model).num_chunks;
+        const double M = static_cast<double>(config::num_microbatches(cfg));
+        const double bubble = (P - 1) / (V * M) * (worst.compute_s - worst.optimizer_s);
+        worst.step_time_s += bubble;
+        worst.pipeline_bubble_s = bubble;
+        worst.node_seconds["pipeline_bubble"] = bubble;
+        worst.tokens_per_s *= (worst.step_time_s - bubble) / worst.step_time_s;
+        worst.tflops_per_gpu *= (worst.step_time_s - bubble) / worst.step_time_s;
+    }
+    return worst;
 }
 
 PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
@@ -318,6 +428,9 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.num_nodes = config::num_nodes(cfg.comm);
     r.gpus_per_node = config::gpus_per_node(cfg.comm);
     r.ep_size = cfg.model.expert_model_parallel_size;
+    r.tp_size = cfg.model.tensor_model_parallel_size;
+    r.num_stages = cfg.model.pipeline_model_parallel_size;
+    r.num_model_chunks = config::pipeline_layout(cfg.model).num_chunks;
     r.dp_size = static_cast<int>(r.world_size / config::model_parallel_size(cfg.model));
     r.num_micro_batches = config::num_microbatches(cfg);
     r.hardware = options.hardware;
@@ -343,8 +456,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
         variants.push_back({false, false, true});
         variants.push_back({true, true, true});
         r.notes.push_back(
-            "flex rows: planned from the deduplicated inter-node bytes (docs/flex.md); this "
-            "build's runtime has no flex dispatcher (RT017), it lands separately");
+            "flex rows: planned from the deduplicated inter-node bytes (docs/flex.md), as the "
+            "flex dispatcher sends them");
     }
     for (const Variant& v : variants)
         r.runs.push_back(estimate_schedule(with_schedule(cfg, v.overlap, v.delay), r.hardware,
@@ -357,7 +470,8 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     r.overlap_speedup = r.runs[1].speedup;
     r.pair_edges = cfg.model.moe_ep_overlap_pair_edges;
 
-    judge(r);
+    judge(r, cfg);
+    add_layout_notes(cfg, r);
     // What an uneven expert load costs: the same schedules planned balanced.
     const double worst = r.load_imbalance.empty()
                              ? 1.0
@@ -376,7 +490,7 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
     }
     // The same overlap with the step's edges paired (docs/paired-edges.md), when the
     // configuration leaves them alone: a note, so `runs` stays the schedules as configured.
-    if (!r.pair_edges && r.num_micro_batches >= 2) {
+    if (!r.pair_edges && r.num_micro_batches >= 2 && suggests_pairing(r)) {
         config::Config paired = with_schedule(cfg, true, false);
         paired.model.moe_ep_overlap_pair_edges = true;
         const ScheduleEstimate p =
@@ -384,11 +498,11 @@ PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {
         const ScheduleEstimate& unpaired = r.runs[1];
         r.notes.push_back(fmt::format(
             "with paired edges (model.moe_ep_overlap_pair_edges=true, docs/paired-edges.md) "
-            "overlap would take {:.4g} s, {:.2f}x against {:.2f}x unpaired, and hold {:.3g} GB "
-            "per rank against {:.3g} GB",
+            "overlap would take {:.4g} s, {:.2f}x against {:.2f}x unpaired, and hold {:.3g} GiB "
+            "per rank against {:.3g} GiB",
             p.step_time_s, base.step_time_s / p.step_time_s, *unpaired.speedup,
-            static_cast<double>(p.peak_memory_bytes) / 1e9,
-            static_cast<double>(unpaired.peak_memory_bytes) / 1e9));
+            static_cast<double>(p.peak_memory_bytes) / kGiB,
+            static_cast<double>(unpaired.peak_memory_bytes) / kGiB));
     }
     return r;
 }

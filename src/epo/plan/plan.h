@@ -7,7 +7,7 @@
 // call's duration from the cost model (cost_model.h), and the runtime's two-stream replay
 // (schedule/critical_path.h) for the step:
 //
-//   step     = replay end + optimizer step
+//   step     = max(replay end, the host's launches of every call) + optimizer step
 //   compute  = sum of compute-call durations + the optimizer step (the compute stream's busy time)
 //   comm     = sum of comm-call durations
 //   exposed  = step - compute (the compute stream waiting for the comm stream)
@@ -16,8 +16,8 @@
 // the share of its span the other stream is busy), found by replaying three times (the spans
 // move as calls lengthen).
 //
-// Flex (docs/flex.md) is planned from its deduplicated inter-node bytes; the runtime has no flex
-// dispatcher yet (RT017), so those rows are predictions of a dispatcher this build cannot run.
+// Flex (docs/flex.md) is planned from its deduplicated inter-node bytes, as the flex dispatcher
+// sends them.
 #pragma once
 
 #include <functional>
@@ -29,6 +29,7 @@
 #include "epo/config/config.h"
 #include "epo/plan/cost_model.h"
 #include "epo/plan/expert_load.h"
+#include "epo/plan/gpu_memory.h"
 #include "epo/plan/hardware.h"
 
 namespace epo::plan {
@@ -52,10 +53,18 @@ struct ScheduleEstimate {
     double alltoall_s = 0;   // of comm_s: dispatch and combine
     double optimizer_s = 0;  // of compute_s
     double tokens_per_s = 0, tflops_per_gpu = 0;
-    int64_t peak_memory_bytes = 0;   // config/memory_estimate.h, per rank
+    // Per rank: on a GPU Megatron-Core's layout at its busiest stage (gpu_memory.h), on cpu the
+    // epo runtime's (config/memory_estimate.h).
+    int64_t peak_memory_bytes = 0;
+    StageMemory memory_stage;        // GPU: the busiest stage's parts
+    bool fits = true;                // within the device's memory less the plan's headroom
     int64_t extra_memory_bytes = 0;  // over the baseline's
     std::optional<double> speedup;   // baseline step / this step
     size_t num_calls = 0;
+    int busiest_stage = 0;         // PP > 1: the stage whose step is the longest
+    double host_launch_s = 0;      // the host's launches of every call of the step
+    bool host_bound = false;       // they, not the GPU, end the step
+    double pipeline_bubble_s = 0;  // of step_time_s: the pipeline's fill and drain
     // Seconds per step by node kind ("mlp.backward", "grad_reduce", ...: epo bench's `nodes`).
     std::map<std::string, double> node_seconds;
 };
@@ -64,6 +73,7 @@ struct PlanResult {
     std::string model;  // recipe name or "config"
     int64_t world_size = 0;
     int num_nodes = 1, gpus_per_node = 1, ep_size = 1, dp_size = 1;
+    int tp_size = 1, num_stages = 1, num_model_chunks = 1;  // TP, PP, VPP
     int64_t num_micro_batches = 0;
     double step_flops = 0, step_tokens = 0;
     Hardware hardware;  // as used (the ratio's bandwidth set)
@@ -74,6 +84,9 @@ struct PlanResult {
     std::vector<double> load_imbalance;     // per MoE layer, as used
     std::optional<double> overlap_speedup;  // baseline / "overlap"
     std::string verdict;                    // "pays", "marginal", "does not pay"
+    // Share of the device's memory kept for what the memory model does not count (CUDA
+    // context, NCCL / DeepEP buffers, allocator fragmentation).
+    double memory_headroom = 0.10;
     std::string reason;
     std::vector<std::string> notes;  // memory that does not fit, flex runtime, ratio calibration
 };
@@ -90,10 +103,9 @@ Replay replay_schedule(const std::vector<schedule::NodeCall>& calls,
                        const std::function<double(const schedule::NodeCall&)>& base_s,
                        double overlap_slowdown);
 
-// `cfg` finalized and valid, topology stated. kConfig for what the planner does not model
-// (TP or CP > 1, PP > 1, a model without experts), naming the field and the fix, and for a
-// measured expert load that does not fit the model (another count of MoE layers, an imbalance
-// above the EP size).
+// `cfg` finalized and valid for its target, topology stated. kConfig for a model without
+// experts (nothing to overlap), naming the field and the fix, and for a measured expert load that
+// does not fit the model (another count of MoE layers, an imbalance above the EP size).
 PlanResult make_plan(const config::Config& cfg, const PlanOptions& options);
 
 // One schedule of `cfg` as it stands (its overlap flags as set), for tests and make_plan.

@@ -14,7 +14,8 @@ double gib(int64_t bytes) {
 std::string format_plan(const PlanResult& r) {
     const Hardware& hw = r.hardware;
     std::string out = fmt::format(
-        "[plan] {}: {} ranks ({} nodes x {}), EP {}, DP {}, {} micro-batches per rank per step\n"
+        "[plan] {}: {} ranks ({} nodes x {}), TP {}, PP {}, EP {}, DP {}, {} micro-batches per "
+        "rank per step\n"
         "[plan] device {}: {:g} TFLOP/s bf16, {:g} TB/s, {:g} GB ({})\n"
         "[plan] network: {:g} Gbit/s inside a node, {:g} Gbit/s between nodes per GPU, latency "
         "{:g} us ({})\n"
@@ -23,9 +24,9 @@ std::string format_plan(const PlanResult& r) {
         "{:.2f}), {:g} us per "
         "node\n"
         "[plan] expert load: {}\n\n",
-        r.model, r.world_size, r.num_nodes, r.gpus_per_node, r.ep_size, r.dp_size,
-        r.num_micro_batches, hw.device.id, hw.device.peak_bf16_tflops, hw.device.memory_tbps,
-        hw.device.memory_gb, hw.device.source, hw.network.intra_node_gbps,
+        r.model, r.world_size, r.num_nodes, r.gpus_per_node, r.tp_size, r.num_stages, r.ep_size,
+        r.dp_size, r.num_micro_batches, hw.device.id, hw.device.peak_bf16_tflops,
+        hw.device.memory_tbps, hw.device.memory_gb, hw.device.source, hw.network.intra_node_gbps,
         hw.network.inter_node_gbps, hw.network.latency_us, hw.network.source, r.params.source,
         r.params.gemm_efficiency, r.params.dgrad_efficiency, r.params.wgrad_efficiency,
         r.params.gemm_half_dim, r.params.memory_efficiency, r.params.elementwise_efficiency,
@@ -43,6 +44,27 @@ std::string format_plan(const PlanResult& r) {
             e.name, e.step_time_s, e.tokens_per_s, e.tflops_per_gpu, e.compute_s, e.comm_s,
             e.exposed_comm_s, e.speedup.value_or(1), gib(e.peak_memory_bytes),
             e.name == "baseline" ? "-" : fmt::format("{:+.2f}", gib(e.extra_memory_bytes)));
+    }
+    const ScheduleEstimate& base = r.runs.front();
+    if (hw.device.id != "cpu") {
+        const StageMemory& m = base.memory_stage;
+        out += fmt::format(
+            "\nmemory (Megatron-Core layout, docs/plan.md \"Memory\"): busiest stage {} of {}: "
+            "weights {:.2f} + main grads {:.2f} + optimizer {:.2f} + activations {:.2f} GiB "
+            "({:g} micro-batch chunk(s) in flight) = {:.2f} GiB baseline; usable {:.1f} GiB "
+            "({:.0f}% headroom):",
+            m.stage, r.num_stages, gib(m.weights), gib(m.main_grads), gib(m.optimizer),
+            gib(m.activations), m.units_in_flight, gib(m.total()),
+            hw.device.memory_gb * (1 - r.memory_headroom), 100 * r.memory_headroom);
+        for (const ScheduleEstimate& e : r.runs)
+            out += fmt::format(" {} {}", e.name, e.fits ? "fits" : "DOES NOT FIT");
+        out += "\n";
+    }
+    if (r.num_stages > 1) {
+        out += fmt::format(
+            "pipeline: {} stages x {} model chunks; slowest stage {}, bubble {:.3g} s of "
+            "the baseline's step\n",
+            r.num_stages, r.num_model_chunks, base.busiest_stage, base.pipeline_bubble_s);
     }
     out += fmt::format("\nverdict: EP overlap {}: {}\n", r.verdict, r.reason);
     for (const std::string& note : r.notes)
@@ -73,6 +95,12 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                              {"tokens_per_s", e.tokens_per_s},
                              {"tflops_per_gpu", e.tflops_per_gpu},
                              {"peak_memory_bytes", e.peak_memory_bytes},
+                             {"fits_memory", e.fits},
+                             {"memory_stage", e.memory_stage.stage},
+                             {"slowest_stage", e.busiest_stage},
+                             {"pipeline_bubble_s", e.pipeline_bubble_s},
+                             {"host_launch_s", e.host_launch_s},
+                             {"host_bound", e.host_bound},
                              {"extra_memory_bytes", e.extra_memory_bytes},
                              {"speedup_vs_baseline", e.speedup.value_or(1)},
                              {"nodes_seconds_per_step", e.node_seconds}});
@@ -102,7 +130,9 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                         {"link_efficiency", p.link_efficiency},
                         {"overlap_slowdown", p.overlap_slowdown},
                         {"flex_overlap_slowdown", p.flex_overlap_slowdown},
-                        {"node_overhead_us", p.node_overhead_us}};
+                        {"node_overhead_us", p.node_overhead_us},
+                        {"comm_launch_us", p.comm_launch_us},
+                        {"graph_launch_us", p.graph_launch_us}};
     return j;
 }
 
