@@ -8,6 +8,29 @@
 #include "epo/core/error.h"
 
 namespace epo::config {
+namespace {
+
+// Megatron-LM: each pipeline rank holds num_layers / PP layers in chunks of N, so the virtual
+// pipeline size is num_layers / PP / N, and N must divide the layers of a rank.
+void apply_layers_per_virtual_stage(ModelConfig& m, int per_stage) {
+    const int pp = m.pipeline_model_parallel_size;
+    const std::string flag = fmt::format("--num-layers-per-virtual-pipeline-stage {}", per_stage);
+    if (pp <= 1) {
+        throw Error(ErrorKind::kUsage, fmt::format("{} needs pipeline parallelism, but "
+                                                   "model.pipeline_model_parallel_size is {}; add "
+                                                   "--pipeline-model-parallel-size N",
+                                                   flag, pp));
+    }
+    if (per_stage < 1 || m.num_layers % pp != 0 || (m.num_layers / pp) % per_stage != 0) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("{}: the {} layers over PP {} do not split into virtual stages "
+                                "of {} layers; choose N dividing num_layers / PP",
+                                flag, m.num_layers, pp, per_stage));
+    }
+    m.virtual_pipeline_model_parallel_size = m.num_layers / pp / per_stage;
+}
+
+}  // namespace
 
 BuiltConfig build_config(const ConfigSources& sources) {
     std::optional<YAML::Node> yaml;
@@ -52,6 +75,10 @@ BuiltConfig build_config(const ConfigSources& sources) {
     built.warnings = apply_harness_overrides(built.config, sources.harness, sources.probe);
     for (const auto& o : overrides) {
         apply_override(built.config, o);
+    }
+    if (sources.num_layers_per_virtual_pipeline_stage) {
+        apply_layers_per_virtual_stage(built.config.model,
+                                       *sources.num_layers_per_virtual_pipeline_stage);
     }
     return built;
 }
