@@ -115,3 +115,17 @@ epo_cli_test(megatron_tp_leaves_sequence_parallel 0 "^  sequence_parallel: false
              validate --model qwen3-30b-a3b --tensor-model-parallel-size 2)
 epo_cli_test(harness_tp_sets_sequence_parallel 0 "^  sequence_parallel: true$" RUN
              validate --model qwen3-30b-a3b -tp 2)
+
+# Megatron-Bridge run_config.yaml files as Bridge writes them (tests/data): read with no edits.
+epo_cli_test(bridge_file_qwen3_validates 0 "VALID: 0 errors"
+             "Megatron-Bridge keys EPO does not use \\(read, not applied; [0-9]+ in all\\): checkpoint\\.\\*"
+             "^  expert_model_parallel_size: 16$" "^  activation_func: silu$" RUN
+             validate tests/data/bridge-qwen3-30b-a3b-run_config.yaml -ng 16 -g h100)
+epo_cli_test(bridge_file_qwen3_plans 0 "^overlap " "verdict:" RUN
+             plan tests/data/bridge-qwen3-30b-a3b-run_config.yaml -ng 16 -g h100)
+epo_cli_test(bridge_file_deepseek_layout_refused 2
+             "model.pipeline_model_parallel_layout = a list would change the result"
+             "an explicit layout is not modelled yet" RUN
+             validate tests/data/bridge-deepseek-v3-run_config.yaml -ng 256 -g h100)
+epo_cli_test(bridge_section_in_own_layout 2 "'rng' is a Megatron-Bridge section" RUN
+             validate --model tiny-moe rng.seed=3)

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "epo/config/bridge_io.h"
 #include "epo/config/overrides.h"
 #include "epo/config/recipes.h"
 #include "epo/config/yaml_io.h"
@@ -59,7 +60,14 @@ BuiltConfig build_config(const ConfigSources& sources) {
 
     BuiltConfig built;
     built.config = recipe ? make_recipe(*recipe) : Config{};
-    if (yaml) {
+    if (yaml && is_bridge_document(*yaml)) {
+        const BridgeTranslation bridge = translate_bridge(*yaml, yaml_source);
+        apply_yaml(built.config, bridge.tree, yaml_source);
+        built.notes = bridge.notes;
+        if (const std::string note = ignored_keys_note(bridge.ignored); !note.empty()) {
+            built.notes.push_back(note);
+        }
+    } else if (yaml) {
         apply_yaml(built.config, *yaml, yaml_source);
     }
 

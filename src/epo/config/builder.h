@@ -2,7 +2,9 @@
 //
 //   1. the recipe: --model NAME, or `recipe: NAME` in the YAML file (naming two different
 //      recipes is a usage error);
-//   2. the YAML file's values (keys absent from the file keep the recipe's values);
+//   2. the YAML file's values (keys absent from the file keep the recipe's values); a file that
+//      Megatron-Bridge wrote (run_config.yaml, `_target_` tags) is translated first
+//      (bridge_io.h), and the keys EPO does not use are listed in `notes`;
 //   3. the harness flags, in the fixed order of harness.h (A2A-overlap shortcut, topology and
 //      max_steps, parallel sizes, batch/sequence/shape, flex backend last);
 //   4. dotted KEY=VALUE overrides, left to right (the most specific layer); Megatron-LM's flags
@@ -42,6 +44,7 @@ struct ConfigSources {
 struct BuiltConfig {
     Config config;                   // as the user asked, not yet finalized (see validate.h)
     std::vector<Finding> warnings;   // from the flex activation step
+    std::vector<std::string> notes;  // reading a Megatron-Bridge file: keys not used, overlap
 };
 
 // Raises kUsage for a missing recipe and config, unknown recipe/keys, malformed YAML or wrong

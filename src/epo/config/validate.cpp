@@ -51,6 +51,7 @@ ValidationReport validate(const Config& config, const ValidateOptions& options) 
 ValidationReport validate(const BuiltConfig& built, const ValidateOptions& options) {
     ValidationReport report = validate(built.config, options);
     report.warnings.insert(report.warnings.begin(), built.warnings.begin(), built.warnings.end());
+    report.notes.insert(report.notes.begin(), built.notes.begin(), built.notes.end());
     return report;
 }
 
