@@ -129,3 +129,8 @@ epo_cli_test(bridge_file_deepseek_layout_refused 2
              validate tests/data/bridge-deepseek-v3-run_config.yaml -ng 256 -g h100)
 epo_cli_test(bridge_section_in_own_layout 2 "'rng' is a Megatron-Bridge section" RUN
              validate --model tiny-moe rng.seed=3)
+# A Megatron-LM checkpoint's arguments dump, read with Megatron-LM's names.
+epo_cli_test(megatron_args_dump_validates 0 "VALID: 0 errors"
+             "Megatron-LM arguments EPO does not use \\(read, not applied; [0-9]+ in all\\)"
+             "^  num_moe_experts: 128$" "^  activation_func: silu$" RUN
+             validate tests/data/megatron-args-qwen3-30b-a3b.yaml -ng 16 -g h100)

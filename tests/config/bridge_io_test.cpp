@@ -207,5 +207,33 @@ TEST(BridgeIo, DeepseekRunConfigIsReadUpToItsPipelineLayout) {
                  {"model.pipeline_model_parallel_layout", "an explicit layout is not modelled"});
 }
 
+// A Megatron-LM checkpoint's arguments (vars(args) as YAML): Megatron-LM's names mapped, the
+// rest listed once.
+TEST(BridgeIo, MegatronArgsDumpIsReadWithItsNames) {
+    ConfigSources s;
+    s.config_path = data("megatron-args-qwen3-30b-a3b.yaml");
+    const BuiltConfig built = build_config(s);
+    const ModelConfig& m = built.config.model;
+    EXPECT_EQ(m.num_moe_experts, 128);  // num_experts
+    EXPECT_EQ(m.expert_model_parallel_size, 16);
+    EXPECT_EQ(m.activation_func, ActivationFunc::kSilu);  // swiglu
+    EXPECT_TRUE(m.gated_linear_unit);
+    EXPECT_FALSE(m.add_bias_linear);                      // disable_bias_linear
+    EXPECT_FALSE(m.share_embeddings_and_output_weights);  // untie_embeddings_and_output_weights
+    EXPECT_EQ(m.layernorm_epsilon, 1e-6);                 // norm_epsilon
+    EXPECT_EQ(m.vocab_size, 151936);                      // padded_vocab_size
+    EXPECT_EQ(built.config.train.global_batch_size, 1024);
+    EXPECT_EQ(built.config.train.lr_warmup_iters, 40);
+    EXPECT_EQ(built.config.optimizer.adam_beta2, 0.95);
+    ASSERT_EQ(built.notes.size(), 1u);
+    EXPECT_NE(built.notes[0].find("Megatron-LM arguments EPO does not use"), std::string::npos);
+    EXPECT_NE(built.notes[0].find("moe_grouped_gemm"), std::string::npos);
+    const ValidationReport r = validate(built);
+    EXPECT_TRUE(r.ok()) << ::testing::PrintToString(ids(r.errors));
+    EXPECT_TRUE(r.config.model.overlap_moe_expert_parallel_comm);
+    expect_error([] { build_text("num_experts: 8\nfp8: hybrid\n"); }, ErrorKind::kUsage,
+                 {"fp8 = hybrid would change the result"});
+}
+
 }  // namespace
 }  // namespace epo::config

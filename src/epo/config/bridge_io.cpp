@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
+#include "epo/config/harness.h"
 #include "epo/config/tree_walk.h"
 #include "epo/core/error.h"
 
@@ -310,7 +312,134 @@ private:
     std::set<std::string> ignored_;
 };
 
+// Megatron-LM argument names that differ from EPO's key, or set more than one field.
+void translate_megatron_arg(const std::string& name, const YAML::Node& value,
+                            const std::function<void(const std::string&, const YAML::Node&)>& set,
+                            bool& used) {
+    const auto truthy = [&] { return value.IsScalar() && value.Scalar() == "true"; };
+    static const std::map<std::string, std::string> kRenamed = {
+        {"norm_epsilon", "model.layernorm_epsilon"},
+        {"padded_vocab_size", "model.vocab_size"},
+        {"lr", "optimizer.lr"},
+        {"min_lr", "optimizer.min_lr"},
+        {"weight_decay", "optimizer.weight_decay"},
+        {"adam_beta1", "optimizer.adam_beta1"},
+        {"adam_beta2", "optimizer.adam_beta2"},
+        {"adam_eps", "optimizer.adam_eps"},
+        {"clip_grad", "optimizer.clip_grad"},
+        {"lr_warmup_iters", "train.lr_warmup_iters"},
+        {"lr_decay_iters", "train.lr_decay_iters"},
+        {"lr_decay_style", "train.lr_decay_style"},
+        {"seed", "train.seed"},
+        {"log_interval", "train.log_interval"},
+        {"use_distributed_optimizer", "ddp.use_distributed_optimizer"},
+        {"overlap_grad_reduce", "ddp.overlap_grad_reduce"},
+        {"overlap_param_gather", "ddp.overlap_param_gather"},
+        {"virtual_pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
+        {"normalization", "model.normalization"},
+        {"position_embedding_type", "model.position_embedding_type"},
+        {"rotary_base", "model.rotary_base"},
+        {"qk_layernorm", "model.qk_layernorm"},
+        {"add_qkv_bias", "model.add_qkv_bias"},
+        {"init_method_std", "model.init_method_std"},
+        {"multi_latent_attention", "model.multi_latent_attention"},
+        {"q_lora_rank", "model.q_lora_rank"},
+        {"kv_lora_rank", "model.kv_lora_rank"},
+        {"qk_head_dim", "model.qk_head_dim"},
+        {"qk_pos_emb_head_dim", "model.qk_pos_emb_head_dim"},
+        {"v_head_dim", "model.v_head_dim"},
+        {"moe_router_enable_expert_bias", "model.moe_router_enable_expert_bias"},
+        {"moe_router_topk_scaling_factor", "model.moe_router_topk_scaling_factor"},
+        {"moe_layer_freq", "model.moe_layer_freq"},
+        {"fp16", "model.fp16"},
+    };
+    used = true;
+    if (name == "swiglu") {
+        if (truthy()) {
+            set("model.gated_linear_unit", YAML::Node(true));
+            set("model.activation_func", YAML::Node("silu"));
+        }
+    } else if (name == "untie_embeddings_and_output_weights") {
+        set("model.share_embeddings_and_output_weights", YAML::Node(!truthy()));
+    } else if (name == "disable_bias_linear") {
+        set("model.add_bias_linear", YAML::Node(!truthy()));
+    } else if (const auto it = kRenamed.find(name); it != kRenamed.end()) {
+        if (!value.IsNull() || it->second.rfind("model.", 0) == 0) {
+            set(it->second, value);
+        }
+    } else {
+        used = false;
+    }
+}
+
 }  // namespace
+
+bool is_megatron_args_document(const YAML::Node& root) {
+    if (!root.IsMap() || has_tag(root)) {
+        return false;
+    }
+    for (const char* name : {"tensor_model_parallel_size", "num_experts",
+                             "expert_model_parallel_size", "pipeline_model_parallel_size"}) {
+        const YAML::Node v = root[name];
+        if (v.IsDefined() && v.IsScalar()) {
+            return true;
+        }
+    }
+    return false;
+}
+
+BridgeTranslation translate_megatron_args(const YAML::Node& root, const YamlSource& source) {
+    BridgeTranslation out;
+    out.tree = YAML::Node(YAML::NodeType::Map);
+    out.kind = "Megatron-LM arguments";
+    std::set<std::string> ignored;
+    const auto set = [&](const std::string& dotted, const YAML::Node& value) {
+        const std::size_t dot = dotted.find('.');
+        out.tree[dotted.substr(0, dot)][dotted.substr(dot + 1)] = value;
+    };
+    const auto fail = [&](const YAML::Node& key, const std::string& message) {
+        const YAML::Mark mark = key.Mark();
+        throw Error(ErrorKind::kUsage, source.has_positions && mark.line >= 0
+                                           ? fmt::format("{}:{}:{}: {}", source.name, mark.line + 1,
+                                                         mark.column + 1, message)
+                                           : fmt::format("{}: {}", source.name, message));
+    };
+    std::map<std::string, std::string> by_arg;  // Megatron-LM's flags table, by argument name
+    for (const MegatronFlag& f : megatron_flags()) {
+        std::string arg = std::string(f.flag).substr(2);
+        std::replace(arg.begin(), arg.end(), '-', '_');
+        by_arg[arg] = f.key;
+    }
+    for (const auto& entry : root) {
+        const std::string name = entry.first.Scalar();
+        const YAML::Node& value = entry.second;
+        if ((name == "fp8" || name == "fp4") && !value.IsNull()) {
+            fail(entry.first, fmt::format("{} = {} would change the result, but EPO does not "
+                                          "model FP8/FP4 compute yet",
+                                          name, value.IsScalar() ? value.Scalar() : "set"));
+        }
+        if (name == "optimizer" && value.IsScalar() && value.Scalar() != "adam") {
+            fail(entry.first, fmt::format("optimizer = {} would change the result, but EPO "
+                                          "models Adam",
+                                          value.Scalar()));
+        }
+        if (const auto it = by_arg.find(name); it != by_arg.end()) {
+            if (!value.IsNull() || std::string(it->second).rfind("model.", 0) == 0) {
+                set(it->second, value);
+            }
+            continue;
+        }
+        bool used = false;
+        translate_megatron_arg(name, value, set, used);
+        if (!used && epo_keys().count("model." + name) > 0) {
+            set("model." + name, value);  // TransformerConfig's own name
+        } else if (!used) {
+            ignored.insert(name);
+        }
+    }
+    out.ignored.assign(ignored.begin(), ignored.end());
+    return out;
+}
 
 bool is_bridge_document(const YAML::Node& root) {
     if (!root.IsMap()) {
@@ -331,11 +460,12 @@ BridgeTranslation translate_bridge(const YAML::Node& root, const YamlSource& sou
     return Translator(source).run(root);
 }
 
-std::string ignored_keys_note(const std::vector<std::string>& ignored) {
+std::string ignored_keys_note(const BridgeTranslation& translation) {
+    const std::vector<std::string>& ignored = translation.ignored;
     if (ignored.empty()) {
         return "";
     }
-    return fmt::format("Megatron-Bridge keys EPO does not use (read, not applied; {} in all): {}",
+    return fmt::format("{} EPO does not use (read, not applied; {} in all): {}", translation.kind,
                        ignored.size(), fmt::join(ignored, ", "));
 }
 

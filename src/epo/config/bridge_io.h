@@ -39,11 +39,22 @@ struct BridgeTranslation {
     YAML::Node tree;                   // EPO's layout, for apply_yaml
     std::vector<std::string> ignored;  // dotted Bridge keys EPO does not use, sorted, each once
     std::vector<std::string> notes;    // overlap reconciliation and the like
+    std::string kind = "Megatron-Bridge keys";  // what `ignored` holds, for the note
 };
 
 BridgeTranslation translate_bridge(const YAML::Node& root, const YamlSource& source);
 
+// A Megatron-LM arguments dump: the `args` namespace a checkpoint stores, written as one flat
+// mapping of argument names (`tensor_model_parallel_size: 2`, `num_experts: 64`, `swiglu:
+// true`). Recognized by parallel sizes at the top level, where EPO's own layout has sections.
+bool is_megatron_args_document(const YAML::Node& root);
+
+// The arguments EPO has a field for, mapped to it (Megatron-LM's names: num_experts,
+// swiglu, untie_embeddings_and_output_weights, disable_bias_linear, norm_epsilon, ...); the
+// others listed in `ignored`; FP8 and optimizers other than Adam refused as for Bridge's file.
+BridgeTranslation translate_megatron_args(const YAML::Node& root, const YamlSource& source);
+
 // The note listing `ignored` ("" when none): whole sections as `name.*`.
-std::string ignored_keys_note(const std::vector<std::string>& ignored);
+std::string ignored_keys_note(const BridgeTranslation& translation);
 
 }  // namespace epo::config

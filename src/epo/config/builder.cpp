@@ -60,11 +60,13 @@ BuiltConfig build_config(const ConfigSources& sources) {
 
     BuiltConfig built;
     built.config = recipe ? make_recipe(*recipe) : Config{};
-    if (yaml && is_bridge_document(*yaml)) {
-        const BridgeTranslation bridge = translate_bridge(*yaml, yaml_source);
+    const bool bridge_file = yaml && is_bridge_document(*yaml);
+    if (bridge_file || (yaml && is_megatron_args_document(*yaml))) {
+        const BridgeTranslation bridge = bridge_file ? translate_bridge(*yaml, yaml_source)
+                                                     : translate_megatron_args(*yaml, yaml_source);
         apply_yaml(built.config, bridge.tree, yaml_source);
         built.notes = bridge.notes;
-        if (const std::string note = ignored_keys_note(bridge.ignored); !note.empty()) {
+        if (const std::string note = ignored_keys_note(bridge); !note.empty()) {
             built.notes.push_back(note);
         }
     } else if (yaml) {
