@@ -81,15 +81,22 @@ py::list validate(const py::object& config, const std::optional<std::string>& gp
     add_launch(s, gpu, num_gpus, gpus_per_node, overrides);
     const epo::config::ValidationReport report =
         epo::config::validate(epo::config::build_config(s));
-    const py::object j = from_json(epo::config::report_to_json(report));
+    // Every finding with all its parts (the CLI's JSON gives warnings without field and value).
     py::list findings;
-    for (const char* severity : {"errors", "warnings"}) {
-        for (py::handle f : j[py::str(severity)]) {
-            py::dict d = py::reinterpret_borrow<py::dict>(f);
-            d["severity"] = std::string(severity) == "errors" ? "error" : "warning";
+    const auto add = [&](const std::vector<epo::config::Finding>& list, const char* severity) {
+        for (const epo::config::Finding& f : list) {
+            py::dict d;
+            d["id"] = f.id;
+            d["field"] = f.field;
+            d["value"] = f.value;
+            d["message"] = f.message;
+            d["fix"] = f.fix;
+            d["severity"] = severity;
             findings.append(d);
         }
-    }
+    };
+    add(report.errors, "error");
+    add(report.warnings, "warning");
     return findings;
 }
 

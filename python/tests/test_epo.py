@@ -20,6 +20,7 @@ def ids(findings):
 def test_validate_takes_yaml_text_and_returns_findings_as_dicts():
     findings = epo.validate(TINY)
     assert all(f["severity"] == "warning" for f in findings)
+    assert all(set(f) == {"id", "field", "value", "message", "fix", "severity"} for f in findings)
     bad = epo.validate(TINY + "train:\n  global_batch_size: 3\n")
     errors = [f for f in bad if f["severity"] == "error"]
     assert "LY004" in ids(errors)
