@@ -47,7 +47,7 @@ std::vector<std::string> split_list(const std::string& text) {
 const std::vector<std::string>& short_harness_flags() {
     static const std::vector<std::string> flags = {"-tp", "-pp", "-vp", "-ep", "-etp",
                                                    "-et", "-cp", "-gb", "-mb", "-sl",
-                                                   "-ms", "-ng", "-gn", "-rl"};
+                                                   "-ms", "-ng", "-gn", "-rl", "-mr"};
     return flags;
 }
 
@@ -111,6 +111,11 @@ void add_harness_flags(CLI::App& app, HarnessFlags& f) {
     megatron->add_option("--num-layers-per-virtual-pipeline-stage",
                          f.num_layers_per_virtual_pipeline_stage,
                          "N: virtual pipeline size = num_layers / (PP x N)");
+    app.add_option(
+        "-m,--model_family_name", f.model_family_name,
+        "-m NAME: the harness's model family (qwen, deepseek, ...), checked against -mr");
+    app.add_option("--mr,--model_recipe_name", f.model_recipe_name,
+                   "-mr NAME: the harness's recipe (qwen3_30b_a3b: the recipe qwen3-30b-a3b)");
     app.add_option("--hidden_size", f.hidden_size, "shrink the model: hidden size");
     app.add_option("--num_layers", f.num_layers, "shrink the model: layers");
     app.add_option("--num_moe_experts", f.num_moe_experts, "shrink the model: experts");
@@ -187,12 +192,56 @@ config::HarnessOverrides harness_overrides(const HarnessFlags& f) {
     return o;
 }
 
+namespace {
+
+// -m / -mr as the reference harness takes them: the recipe qwen3_30b_a3b is EPO's qwen3-30b-a3b;
+// the family must be the recipe's (qwen for qwen3_30b_a3b).
+std::optional<std::string> harness_recipe(const HarnessFlags& f) {
+    const bool family = f.app->count("--model_family_name") > 0;
+    if (f.app->count("--model_recipe_name") == 0) {
+        if (family) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("-m/--model_family_name {} needs -mr/--model_recipe_name "
+                                    "(e.g. -mr qwen3_30b_a3b), as the reference harness does",
+                                    f.model_family_name));
+        }
+        return std::nullopt;
+    }
+    std::string recipe = f.model_recipe_name;
+    std::transform(recipe.begin(), recipe.end(), recipe.begin(), [](unsigned char ch) {
+        return ch == '_' ? '-' : static_cast<char>(std::tolower(ch));
+    });
+    const auto& names = config::recipe_names();
+    if (std::find(names.begin(), names.end(), recipe) == names.end()) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("-mr/--model_recipe_name {}: EPO has no recipe {}; its recipes: "
+                                "{}",
+                                f.model_recipe_name, recipe, recipe_list()));
+    }
+    if (family && recipe.rfind(f.model_family_name, 0) != 0) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("-m/--model_family_name {} is not the family of the recipe {}",
+                                f.model_family_name, f.model_recipe_name));
+    }
+    return recipe;
+}
+
+}  // namespace
+
 config::ConfigSources config_sources(const CLI::App& cmd, const std::string& model,
                                      const std::vector<std::string>& positional,
                                      const HarnessFlags& flags) {
     config::ConfigSources sources;
     if (cmd.count("--model") > 0) {
         sources.model = model;
+    }
+    if (const auto recipe = harness_recipe(flags)) {
+        if (sources.model && *sources.model != *recipe) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("--model {} and -mr {} name different recipes; use one",
+                                    *sources.model, flags.model_recipe_name));
+        }
+        sources.model = recipe;
     }
     for (const auto& arg : positional) {
         if (config::looks_like_override(arg)) {

@@ -36,7 +36,8 @@ struct HarnessFlags {
     // Megatron-LM's flags, by dashed name: the value given (switches: "true").
     std::map<std::string, std::string> megatron;
     int num_layers_per_virtual_pipeline_stage = 0;
-    CLI::App* app = nullptr;  // to ask which options were given
+    std::string model_family_name, model_recipe_name;  // -m / -mr: the harness's recipe
+    CLI::App* app = nullptr;                           // to ask which options were given
 };
 
 // Multi-letter one-dash flags (`-tp`, `-ng`, ...), which normalize_harness_flags rewrites.

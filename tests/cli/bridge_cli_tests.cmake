@@ -42,6 +42,16 @@ epo_cli_test(bridge_cuda_graph 0 "^  cuda_graph_impl: transformer_engine$"
 epo_cli_test(bridge_cuda_graph_scope_needs_impl 2 "needs a CUDA-graph implementation" RUN
              validate --model qwen3-30b-a3b --cuda_graph_scope attn)
 
+epo_cli_test(bridge_model_recipe_name 0 "^recipe: qwen3-30b-a3b$" RUN
+             validate -m qwen -mr qwen3_30b_a3b -ng 16 -g h100 -ep 16)
+epo_cli_test(bridge_model_recipe_long_names 0 "^recipe: deepseek-v3$" RUN
+             validate --model_family_name deepseek --model_recipe_name deepseek_v3)
+epo_cli_test(bridge_model_family_mismatch 2 "-m/--model_family_name deepseek is not the family" RUN
+             validate -m deepseek -mr qwen3_30b_a3b)
+epo_cli_test(bridge_model_recipe_unknown 2 "EPO has no recipe llama31-405b; its recipes: " RUN
+             validate -m llama -mr llama31_405b)
+epo_cli_test(bridge_model_family_alone 2 "needs -mr/--model_recipe_name" RUN validate -m qwen)
+
 # Unknown flags: the suggestion comes from the vocabulary typed.
 epo_cli_test(suggest_short_for_short 2 "unknown flag -ngg \\(did you mean -ng\\?\\)" RUN
              validate --model tiny-moe -ngg 4)
