@@ -17,6 +17,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format                        # the formatting check (ctest clang_format)
   python3                             # scripts/sweep_overlap.py (standard library only) and its test
+  python3-dev pybind11-dev python3-pybind11  # the Python module `epo` (python/)
+  python3-pytest python3-yaml         # its tests (python/tests, run by ctest as python_module)
   iproute2                            # scripts/emulated-cluster.sh: hosts as network namespaces
   nftables                            # scripts/emulated-cluster.sh impair: packet loss
 )

@@ -13,6 +13,9 @@ trap 'if [[ -s $EPO_MPI_RERUN_LOG ]]; then echo "test.sh: MPI jobs rerun:"; cat 
 
 scripts/build.sh release
 ctest --preset release -j2
+# The Python module's pytest suite is one of those tests; a build that left it out fails here.
+ctest --preset release -N -R '^python_module$' | grep -q 'Total Tests: 1' ||
+  { echo "test.sh: the python_module test (pybind11, pytest) is missing" >&2; exit 1; }
 
 scripts/build.sh asan
 ctest --preset asan -j2

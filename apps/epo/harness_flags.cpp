@@ -28,7 +28,28 @@ bool given(const HarnessFlags& flags, const char* name) {
     return flags.app->count(name) > 0;
 }
 
+// "a,b" -> {"a", "b"}, as the reference harness's list_of_strings.
+std::vector<std::string> split_list(const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (true) {
+        const std::size_t comma = text.find(',', start);
+        out.push_back(text.substr(start, comma - start));
+        if (comma == std::string::npos) {
+            return out;
+        }
+        start = comma + 1;
+    }
+}
+
 }  // namespace
+
+const std::vector<std::string>& short_harness_flags() {
+    static const std::vector<std::string> flags = {"-tp", "-pp", "-vp", "-ep", "-etp",
+                                                   "-et", "-cp", "-gb", "-mb", "-sl",
+                                                   "-ms", "-ng", "-gn", "-rl", "-mr"};
+    return flags;
+}
 
 void add_harness_flags(CLI::App& app, HarnessFlags& f) {
     f.app = &app;
@@ -43,19 +64,58 @@ void add_harness_flags(CLI::App& app, HarnessFlags& f) {
                    "-pp N: pipeline-parallel size");
     app.add_option("--vp,--virtual_pipeline_model_parallel_size",
                    f.virtual_pipeline_model_parallel_size,
-                   "-vp N|None: virtual pipeline size, or None");
+                   "-vp N|None|-1: virtual pipeline size, None, or -1 to keep the config's");
     app.add_option("--ep,--expert_model_parallel_size", f.expert_model_parallel_size,
                    "-ep N: expert-parallel size");
-    app.add_option("--etp,--expert_tensor_parallel_size", f.expert_tensor_parallel_size,
-                   "-etp N: expert tensor-parallel size");
+    app.add_option("--etp,--et,--expert_tensor_parallel_size", f.expert_tensor_parallel_size,
+                   "-et/-etp N: expert tensor-parallel size");
     app.add_option("--cp,--context_parallel_size", f.context_parallel_size,
                    "-cp N: context-parallel size");
     app.add_option("--gb,--global_batch_size", f.global_batch_size, "-gb N: global batch size");
     app.add_option("--mb,--micro_batch_size", f.micro_batch_size, "-mb N: micro batch size");
     app.add_option("--sl,--seq_length", f.seq_length, "-sl N: sequence length");
-    app.add_option("--max_steps", f.max_steps, "training iterations (train.train_iters)");
+    app.add_option("--ms,--max_steps", f.max_steps,
+                   "-ms N: training iterations (train.train_iters)");
     app.add_option("--num_nodes", f.num_nodes, "nodes (comm.num_nodes)");
-    app.add_option("--gpus_per_node", f.gpus_per_node, "ranks per node (comm.gpus_per_node)");
+    app.add_option("--gn,--gpus_per_node", f.gpus_per_node,
+                   "-gn N: ranks per node (comm.gpus_per_node); default with -ng: the GPU "
+                   "family's (h100, b200, b300: 8; gb200, gb300: 4)");
+    app.add_option("--ng,--num_gpus", f.num_gpus,
+                   "-ng N: GPUs in all; nodes = ceil(N / GPUs per node)");
+    app.add_option("-g,--gpu", f.gpu, "-g NAME: the target GPU (env.gpu): h100, b200, gb200, ...");
+    app.add_option("-c,--compute_dtype", f.compute_dtype,
+                   "-c bf16: model.bf16 (fp8_cs, fp8_mx, fp8_sc, nvfp4 are refused: EPO does not "
+                   "model FP8/FP4 yet)");
+    app.add_option("--rl,--recompute_num_layers", f.recompute_num_layers,
+                   "-rl N: full recompute of N layers per stage (method block)");
+    app.add_option("--recompute_modules", f.recompute_modules,
+                   "a,b: selective recompute of these modules (core_attn, moe_act, ...)");
+    app.add_option("--cuda_graph_impl", f.cuda_graph_impl,
+                   "none, local or transformer_engine (model.cuda_graph_impl)");
+    app.add_option("--cuda_graph_scope", f.cuda_graph_scope,
+                   "a,b: graphed modules (attn, mlp, moe, moe_router, moe_preprocess, mamba), or "
+                   "full_iteration");
+    auto* megatron = app.add_option_group("Megatron-LM flags",
+                                          "Megatron-LM's spelling: each sets the field it names");
+    for (const config::MegatronFlag& m : config::megatron_flags()) {
+        const std::string flag = m.flag;
+        if (m.is_switch) {
+            megatron->add_flag_callback(
+                flag, [&f, flag] { f.megatron[flag] = "true"; }, std::string("sets ") + m.key);
+        } else {
+            megatron->add_option_function<std::string>(
+                flag, [&f, flag](const std::string& v) { f.megatron[flag] = v; },
+                std::string("sets ") + m.key);
+        }
+    }
+    megatron->add_option("--num-layers-per-virtual-pipeline-stage",
+                         f.num_layers_per_virtual_pipeline_stage,
+                         "N: virtual pipeline size = num_layers / (PP x N)");
+    app.add_option(
+        "-m,--model_family_name", f.model_family_name,
+        "-m NAME: the harness's model family (qwen, deepseek, ...), checked against -mr");
+    app.add_option("--mr,--model_recipe_name", f.model_recipe_name,
+                   "-mr NAME: the harness's recipe (qwen3_30b_a3b: the recipe qwen3-30b-a3b)");
     app.add_option("--hidden_size", f.hidden_size, "shrink the model: hidden size");
     app.add_option("--num_layers", f.num_layers, "shrink the model: layers");
     app.add_option("--num_moe_experts", f.num_moe_experts, "shrink the model: experts");
@@ -81,6 +141,8 @@ config::HarnessOverrides harness_overrides(const HarnessFlags& f) {
         const std::string& text = f.virtual_pipeline_model_parallel_size;
         if (text == "None") {
             o.virtual_pipeline_model_parallel_size = std::optional<int>();
+        } else if (text == "-1") {
+            // The reference harness's default: -1 keeps the configuration's value.
         } else {
             try {
                 std::size_t used = 0;
@@ -103,6 +165,25 @@ config::HarnessOverrides harness_overrides(const HarnessFlags& f) {
     take("--hidden_size", f.hidden_size, o.hidden_size);
     take("--num_layers", f.num_layers, o.num_layers);
     take("--num_moe_experts", f.num_moe_experts, o.num_moe_experts);
+    if (given(f, "--ng")) {
+        o.num_gpus = f.num_gpus;
+    }
+    if (given(f, "--gpu")) {
+        o.gpu = f.gpu;
+    }
+    if (given(f, "--compute_dtype")) {
+        o.compute_dtype = f.compute_dtype;
+    }
+    take("--rl", f.recompute_num_layers, o.recompute_num_layers);
+    if (given(f, "--recompute_modules")) {
+        o.recompute_modules = split_list(f.recompute_modules);
+    }
+    if (given(f, "--cuda_graph_impl")) {
+        o.cuda_graph_impl = f.cuda_graph_impl;
+    }
+    if (given(f, "--cuda_graph_scope")) {
+        o.cuda_graph_scope = split_list(f.cuda_graph_scope);
+    }
     if (given(f, "--moe_flex_dispatcher_backend")) {
         const std::string& backend = f.moe_flex_dispatcher_backend;
         o.moe_flex_dispatcher_backend =
@@ -111,12 +192,56 @@ config::HarnessOverrides harness_overrides(const HarnessFlags& f) {
     return o;
 }
 
+namespace {
+
+// -m / -mr as the reference harness takes them: the recipe qwen3_30b_a3b is EPO's qwen3-30b-a3b;
+// the family must be the recipe's (qwen for qwen3_30b_a3b).
+std::optional<std::string> harness_recipe(const HarnessFlags& f) {
+    const bool family = f.app->count("--model_family_name") > 0;
+    if (f.app->count("--model_recipe_name") == 0) {
+        if (family) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("-m/--model_family_name {} needs -mr/--model_recipe_name "
+                                    "(e.g. -mr qwen3_30b_a3b), as the reference harness does",
+                                    f.model_family_name));
+        }
+        return std::nullopt;
+    }
+    std::string recipe = f.model_recipe_name;
+    std::transform(recipe.begin(), recipe.end(), recipe.begin(), [](unsigned char ch) {
+        return ch == '_' ? '-' : static_cast<char>(std::tolower(ch));
+    });
+    const auto& names = config::recipe_names();
+    if (std::find(names.begin(), names.end(), recipe) == names.end()) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("-mr/--model_recipe_name {}: EPO has no recipe {}; its recipes: "
+                                "{}",
+                                f.model_recipe_name, recipe, recipe_list()));
+    }
+    if (family && recipe.rfind(f.model_family_name, 0) != 0) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("-m/--model_family_name {} is not the family of the recipe {}",
+                                f.model_family_name, f.model_recipe_name));
+    }
+    return recipe;
+}
+
+}  // namespace
+
 config::ConfigSources config_sources(const CLI::App& cmd, const std::string& model,
                                      const std::vector<std::string>& positional,
                                      const HarnessFlags& flags) {
     config::ConfigSources sources;
     if (cmd.count("--model") > 0) {
         sources.model = model;
+    }
+    if (const auto recipe = harness_recipe(flags)) {
+        if (sources.model && *sources.model != *recipe) {
+            throw Error(ErrorKind::kUsage,
+                        fmt::format("--model {} and -mr {} name different recipes; use one",
+                                    *sources.model, flags.model_recipe_name));
+        }
+        sources.model = recipe;
     }
     for (const auto& arg : positional) {
         if (config::looks_like_override(arg)) {
@@ -131,6 +256,17 @@ config::ConfigSources config_sources(const CLI::App& cmd, const std::string& mod
         }
     }
     sources.harness = harness_overrides(flags);
+    // Megatron-LM's flags set the field they name, before the command line's KEY=VALUE.
+    std::vector<std::string> megatron;
+    for (const config::MegatronFlag& m : config::megatron_flags()) {
+        if (const auto it = flags.megatron.find(m.flag); it != flags.megatron.end()) {
+            megatron.push_back(std::string(m.key) + "=" + it->second);
+        }
+    }
+    sources.overrides.insert(sources.overrides.begin(), megatron.begin(), megatron.end());
+    if (flags.app->count("--num-layers-per-virtual-pipeline-stage") > 0) {
+        sources.num_layers_per_virtual_pipeline_stage = flags.num_layers_per_virtual_pipeline_stage;
+    }
     return sources;
 }
 

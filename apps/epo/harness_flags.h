@@ -1,10 +1,18 @@
-// The performance harness's flags (`-tp 2`, `--moe_a2a_overlap true`, ...) as CLI11 options,
-// shared by every subcommand that builds a configuration (validate now; bench and train later).
-// The spellings are the reference harness's; one-dash forms are rewritten to two dashes by
-// normalize_harness_flags before CLI11 sees them.
+// The performance harness's flags (`-tp 2`, `--moe_a2a_overlap true`, `-ng 16 -g h100`, ...) as
+// CLI11 options, shared by every subcommand that builds a configuration (validate, plan, bench,
+// train). The spellings are Megatron-Bridge's scripts/performance argument parser's; one-dash
+// forms of several letters are rewritten to two dashes by normalize_harness_flags before CLI11
+// sees them.
+//
+// Megatron-LM's dashed flags (`--expert-model-parallel-size 8`, `--sequence-parallel`, ...: the
+// set a launch script for an MoE model passes, config::megatron_flags()) are accepted too. Each
+// sets the field it names, as Megatron-LM does (no harness side effects:
+// `--tensor-model-parallel-size 2` leaves sequence parallelism alone), as an override applied after
+// the harness flags and before the command line's KEY=VALUE overrides.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,8 +31,17 @@ struct HarnessFlags {
     int expert_tensor_parallel_size = 0;
     int global_batch_size = 0, micro_batch_size = 0, seq_length = 0;
     int hidden_size = 0, num_layers = 0, num_moe_experts = 0;
-    CLI::App* app = nullptr;  // to ask which options were given
+    int num_gpus = 0, recompute_num_layers = 0;
+    std::string gpu, compute_dtype, recompute_modules, cuda_graph_impl, cuda_graph_scope;
+    // Megatron-LM's flags, by dashed name: the value given (switches: "true").
+    std::map<std::string, std::string> megatron;
+    int num_layers_per_virtual_pipeline_stage = 0;
+    std::string model_family_name, model_recipe_name;  // -m / -mr: the harness's recipe
+    CLI::App* app = nullptr;                           // to ask which options were given
 };
+
+// Multi-letter one-dash flags (`-tp`, `-ng`, ...), which normalize_harness_flags rewrites.
+const std::vector<std::string>& short_harness_flags();
 
 void add_harness_flags(CLI::App& app, HarnessFlags& flags);
 

@@ -13,16 +13,14 @@
 
 #include "commands.h"
 #include "epo/core/error.h"
+#include "harness_flags.h"
 #include "suggest.h"
 
 namespace epo::cli {
 
 std::vector<std::string> normalize_harness_flags(std::vector<std::string> args) {
-    static const char* const kShortHarnessFlags[] = {"-tp", "-pp", "-vp", "-ep", "-etp",
-                                                     "-cp", "-gb", "-mb", "-sl"};
     for (auto& arg : args) {
-        for (const char* flag : kShortHarnessFlags) {
-            const std::string f = flag;
+        for (const std::string& f : short_harness_flags()) {
             if (arg == f || arg.rfind(f + "=", 0) == 0) {
                 arg = "-" + arg;
                 break;
@@ -41,16 +39,54 @@ std::vector<std::string> subcommand_names(const CLI::App& app) {
     return names;
 }
 
-// "--max_steps", "-ep", ... of one subcommand.
+// "--max_steps", "-ep", "--expert-model-parallel-size", ... of one subcommand, as a user types
+// them (the multi-letter one-dash harness flags with one dash).
 std::vector<std::string> flag_names(const CLI::App& sub) {
+    const auto& shorts = short_harness_flags();
     std::vector<std::string> names;
-    for (const CLI::Option* o : sub.get_options()) {
-        for (const std::string& n : o->get_lnames())
-            names.push_back("--" + n);
+    const auto add = [&](const CLI::Option* o) {
+        for (const std::string& n : o->get_lnames()) {
+            const bool one_dash = std::find(shorts.begin(), shorts.end(), "-" + n) != shorts.end();
+            names.push_back((one_dash ? "-" : "--") + n);
+        }
         for (const std::string& n : o->get_snames())
             names.push_back("-" + n);
+    };
+    for (const CLI::Option* o : sub.get_options())
+        add(o);
+    for (const CLI::App* group : sub.get_subcommands([](const CLI::App* a) {
+             return a->get_name().empty();  // option groups (the Megatron-LM flags)
+         })) {
+        for (const CLI::Option* o : group->get_options())
+            add(o);
     }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
     return names;
+}
+
+// The vocabulary a typed flag belongs to: Megatron-LM's dashed names (`--num-layers`), the
+// harness's long names (`--num_layers`), or one-dash short names (`-ep`, `-g`).
+enum class FlagStyle { kDashed, kLong, kShort };
+
+FlagStyle flag_style(const std::string& flag) {
+    if (flag.rfind("--", 0) != 0)
+        return FlagStyle::kShort;
+    return flag.find('-', 2) != std::string::npos ? FlagStyle::kDashed : FlagStyle::kLong;
+}
+
+// The closest known flag, looked for first among the flags of the typed one's style, so that a
+// mistyped `--expert-model-paralel-size` is answered in Megatron-LM's spelling and `-ngg` with
+// `-ng`; any flag when none of its style is close.
+std::optional<std::string> closest_flag(const std::string& typed,
+                                        const std::vector<std::string>& flags) {
+    std::vector<std::string> same_style;
+    for (const std::string& f : flags)
+        if (flag_style(f) == flag_style(typed))
+            same_style.push_back(f);
+    if (auto best = closest_name(typed, same_style))
+        return best;
+    return closest_name(typed, flags);
 }
 
 struct Failure {
@@ -109,10 +145,12 @@ std::optional<std::string> hint_for(const CLI::App& app, const std::vector<std::
         const std::string flag = args[i].substr(0, args[i].find('='));
         const bool number = flag.size() > 1 && (std::isdigit(static_cast<unsigned char>(flag[1])) ||
                                                 flag[1] == '.');  // a value such as -1
-        if (flag.rfind('-', 0) != 0 || number ||
-            std::find(flags.begin(), flags.end(), flag) != flags.end())
+        const bool known = std::find(flags.begin(), flags.end(), flag) != flags.end() ||
+                           (flag.rfind("--", 0) == 0 &&  // `-tp` after normalize_harness_flags
+                            std::find(flags.begin(), flags.end(), flag.substr(1)) != flags.end());
+        if (flag.rfind('-', 0) != 0 || number || known)
             continue;
-        if (const auto best = closest_name(flag, flags))
+        if (const auto best = closest_flag(flag, flags))
             hints.push_back(fmt::format("unknown flag {} (did you mean {}?)", flag, *best));
     }
     if (hints.empty())

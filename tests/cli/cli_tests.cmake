@@ -116,6 +116,7 @@ epo_cli_test(unknown_device_flex 1 "names no known device" RUN
              validate --model tiny-moe --moe_flex_dispatcher_backend deepep env.gpu=tpu)
 include(${CMAKE_CURRENT_LIST_DIR}/train_cli_tests.cmake)
 include(${CMAKE_CURRENT_LIST_DIR}/plan_cli_tests.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/bridge_cli_tests.cmake)
 
 # scripts/sweep_overlap.py end to end on tiny-moe (2 ranks as 2 nodes, 2 micro-batches, link model
 # off and calibrated to 1): both points run and the table, CSV and figure are written.

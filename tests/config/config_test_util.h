@@ -15,12 +15,14 @@
 namespace epo::config::testing {
 
 // The reference suites' passing EP-overlap config: EP 2, 2 experts, alltoall, bf16, no
-// recompute, shared-expert overlap off, mtp_num_layers null; two ranks, two micro-batches.
+// recompute, shared-expert overlap off, mtp_num_layers null, top-1 with the softmax before top-k;
+// two ranks, two micro-batches.
 inline Config ep_overlap_config() {
     Config c = make_recipe("tiny-moe");
     c.model.expert_model_parallel_size = 2;
     c.model.num_moe_experts = 2;
     c.model.moe_router_topk = 1;
+    c.model.moe_router_pre_softmax = true;  // top-1 softmax needs it (MC004)
     c.model.moe_token_dispatcher_type = DispatcherType::kAlltoall;
     c.comm.gpus_per_node = 2;
     c.train.micro_batch_size = 1;

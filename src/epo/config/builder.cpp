@@ -2,12 +2,36 @@
 
 #include <fmt/format.h>
 
+#include "epo/config/bridge_io.h"
 #include "epo/config/overrides.h"
 #include "epo/config/recipes.h"
 #include "epo/config/yaml_io.h"
 #include "epo/core/error.h"
 
 namespace epo::config {
+namespace {
+
+// Megatron-LM: each pipeline rank holds num_layers / PP layers in chunks of N, so the virtual
+// pipeline size is num_layers / PP / N, and N must divide the layers of a rank.
+void apply_layers_per_virtual_stage(ModelConfig& m, int per_stage) {
+    const int pp = m.pipeline_model_parallel_size;
+    const std::string flag = fmt::format("--num-layers-per-virtual-pipeline-stage {}", per_stage);
+    if (pp <= 1) {
+        throw Error(ErrorKind::kUsage, fmt::format("{} needs pipeline parallelism, but "
+                                                   "model.pipeline_model_parallel_size is {}; add "
+                                                   "--pipeline-model-parallel-size N",
+                                                   flag, pp));
+    }
+    if (per_stage < 1 || m.num_layers % pp != 0 || (m.num_layers / pp) % per_stage != 0) {
+        throw Error(ErrorKind::kUsage,
+                    fmt::format("{}: the {} layers over PP {} do not split into virtual stages "
+                                "of {} layers; choose N dividing num_layers / PP",
+                                flag, m.num_layers, pp, per_stage));
+    }
+    m.virtual_pipeline_model_parallel_size = m.num_layers / pp / per_stage;
+}
+
+}  // namespace
 
 BuiltConfig build_config(const ConfigSources& sources) {
     std::optional<YAML::Node> yaml;
@@ -36,7 +60,16 @@ BuiltConfig build_config(const ConfigSources& sources) {
 
     BuiltConfig built;
     built.config = recipe ? make_recipe(*recipe) : Config{};
-    if (yaml) {
+    const bool bridge_file = yaml && is_bridge_document(*yaml);
+    if (bridge_file || (yaml && is_megatron_args_document(*yaml))) {
+        const BridgeTranslation bridge = bridge_file ? translate_bridge(*yaml, yaml_source)
+                                                     : translate_megatron_args(*yaml, yaml_source);
+        apply_yaml(built.config, bridge.tree, yaml_source);
+        built.notes = bridge.notes;
+        if (const std::string note = ignored_keys_note(bridge); !note.empty()) {
+            built.notes.push_back(note);
+        }
+    } else if (yaml) {
         apply_yaml(built.config, *yaml, yaml_source);
     }
 
@@ -52,6 +85,10 @@ BuiltConfig build_config(const ConfigSources& sources) {
     built.warnings = apply_harness_overrides(built.config, sources.harness, sources.probe);
     for (const auto& o : overrides) {
         apply_override(built.config, o);
+    }
+    if (sources.num_layers_per_virtual_pipeline_stage) {
+        apply_layers_per_virtual_stage(built.config.model,
+                                       *sources.num_layers_per_virtual_pipeline_stage);
     }
     return built;
 }

@@ -301,7 +301,74 @@ std::optional<std::string> closest_key(std::string_view key) {
     return std::nullopt;
 }
 
+namespace {
+
+// Megatron-Bridge's spellings, which a hand-written file in EPO's layout may carry over: said as
+// such instead of a near-miss suggestion that points elsewhere (`rng` is not `env`, `model.fp8`
+// is not `model.fp16`).
+std::optional<std::string> bridge_key_message(std::string_view key) {
+    static constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
+        {"rng.seed", "train.seed"},
+        {"logger.log_interval", "train.log_interval"},
+        {"scheduler.lr_warmup_iters", "train.lr_warmup_iters"},
+        {"scheduler.lr_decay_iters", "train.lr_decay_iters"},
+        {"scheduler.lr_decay_style", "train.lr_decay_style"},
+        {"mixed_precision.bf16", "model.bf16"},
+        {"mixed_precision.fp16", "model.fp16"},
+    };
+    const std::string bridge_file =
+        "a run_config.yaml that Megatron-Bridge wrote (with its _target_ tags) is read as it is";
+    for (const auto& [bridge, epo] : kRenamed) {
+        if (key == bridge) {
+            return fmt::format(
+                "unknown key '{}': that is Megatron-Bridge's name, which EPO's own "
+                "layout calls '{}' ({})",
+                key, epo, bridge_file);
+        }
+    }
+    for (std::string_view fp8 : {"model.fp8", "model.fp8_recipe", "model.fp4"}) {
+        if (key == fp8) {
+            return fmt::format(
+                "unknown key '{}': EPO does not model FP8/FP4 compute yet; remove "
+                "it (bf16: model.bf16=true)",
+                key);
+        }
+    }
+    static constexpr std::string_view kBridgeSections[] = {"rng",
+                                                           "scheduler",
+                                                           "mixed_precision",
+                                                           "tokenizer",
+                                                           "dist",
+                                                           "profiling",
+                                                           "rerun_state_machine",
+                                                           "validation",
+                                                           "ft",
+                                                           "straggler",
+                                                           "nvrx_straggler",
+                                                           "peft",
+                                                           "inprocess_restart",
+                                                           "tensor_inspect",
+                                                           "env_vars",
+                                                           "optimizer_config_override_provider"};
+    const std::string_view section = key.substr(0, key.find('.'));
+    for (std::string_view name : kBridgeSections) {
+        if (section == name) {
+            return fmt::format(
+                "unknown key '{}': '{}' is a Megatron-Bridge section with no place "
+                "in EPO's own layout ({}; in EPO's layout rng.seed is train.seed "
+                "and scheduler.lr_* are train.lr_*)",
+                key, name, bridge_file);
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
 std::string unknown_key_message(std::string_view key) {
+    if (auto bridge = bridge_key_message(key)) {
+        return *bridge;
+    }
     if (auto suggestion = closest_key(key)) {
         return fmt::format("unknown key '{}'; did you mean '{}'?", key, *suggestion);
     }

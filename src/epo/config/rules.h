@@ -7,6 +7,7 @@
 //   rules_values.cpp   VA (value ranges, required values), EN (env), TR (schedule), W013
 //   rules_layout.cpp   LY (parallel layout and shapes), MO (MoE sanity), DS (dataset)
 //   rules_overlap.cpp  EP001-EP013, WG001-WG006, FX001/FX002 and W005, W011, W012
+//   rules_mcore.cpp    MC (Megatron-Core's start-up refusals the families above lack)
 //   runtime_support.*  RT (what our runtime does not execute yet)
 #pragma once
 
@@ -46,6 +47,7 @@ struct RuleContext {
 void check_values(const RuleContext& ctx);
 void check_layout(const RuleContext& ctx);
 void check_moe(const RuleContext& ctx);
+void check_mcore(const RuleContext& ctx);
 void check_ep_overlap(const RuleContext& ctx);
 void check_delay_wgrad(const RuleContext& ctx);
 void check_flex(const RuleContext& ctx, const DeviceProbe& probe);

@@ -22,6 +22,7 @@ ValidationReport validate(const Config& config, const ValidateOptions& options) 
     check_values(ctx);
     check_layout(ctx);
     check_moe(ctx);
+    check_mcore(ctx);
     check_ep_overlap(ctx);
     check_delay_wgrad(ctx);
     check_flex(ctx, options.probe);
@@ -34,7 +35,7 @@ ValidationReport validate(const Config& config, const ValidateOptions& options) 
     if (!topology_stated(config.comm)) {
         report.notes.push_back(
             "no topology stated (comm.gpus_per_node, comm.num_nodes), so the world size is the "
-            "launcher's: LY002, LY003, the data-parallel part of LY004, W011, W012 and the "
+            "launcher's: LY002, LY003, MC001, the data-parallel part of LY004, W011, W012 and the "
             "data-parallel defaults of comm_overlap (overlap_grad_reduce, overlap_param_gather) "
             "are checked when the job starts; pass --num_nodes and --gpus_per_node to check them "
             "now");
@@ -50,6 +51,7 @@ ValidationReport validate(const Config& config, const ValidateOptions& options) 
 ValidationReport validate(const BuiltConfig& built, const ValidateOptions& options) {
     ValidationReport report = validate(built.config, options);
     report.warnings.insert(report.warnings.begin(), built.warnings.begin(), built.warnings.end());
+    report.notes.insert(report.notes.begin(), built.notes.begin(), built.notes.end());
     return report;
 }
 

@@ -1,0 +1,202 @@
+// Megatron-Core's start-up refusals (MC001-MC009): each in both directions, from tiny-moe on
+// four ranks with EP 4, which passes.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "config_test_util.h"
+#include "epo/config/validate.h"
+
+namespace epo::config {
+namespace {
+
+using testing::get;
+using testing::has;
+using testing::ids;
+
+Config base() {
+    Config c = make_recipe("tiny-moe");
+    c.comm.gpus_per_node = 4;
+    c.model.expert_model_parallel_size = 4;
+    c.train.micro_batch_size = 1;
+    c.train.global_batch_size = 8;
+    return c;
+}
+
+ValidationReport check(const std::function<void(Config&)>& change) {
+    Config c = base();
+    change(c);
+    return validate(c);
+}
+
+bool error(const char* id, const std::function<void(Config&)>& change) {
+    return has(check(change).errors, id);
+}
+
+TEST(McoreRules, BasePasses) {
+    const ValidationReport r = validate(base());
+    EXPECT_TRUE(r.ok()) << ::testing::PrintToString(ids(r.errors));
+    EXPECT_TRUE(r.warnings.empty()) << ::testing::PrintToString(ids(r.warnings));
+}
+
+// The three layouts of the report: each passes LY002 (world % EP) and LY003 (world % TP x PP x
+// CP) but not world % (ETP x EP x PP).
+TEST(McoreRules, MC001WorldDivisibleByExpertTensorTimesExpertTimesPipeline) {
+    // 8 ranks, EP 4, ETP 1, PP 4: 16 does not divide 8.
+    const auto pp4 = [](Config& c) {
+        c.comm.gpus_per_node = 8;
+        c.model.num_layers = 4;
+        c.model.pipeline_model_parallel_size = 4;
+        c.model.expert_tensor_parallel_size = 1;
+    };
+    EXPECT_TRUE(error("MC001", pp4));
+    EXPECT_FALSE(has(check(pp4).errors, "LY002"));
+    EXPECT_FALSE(has(check(pp4).errors, "LY003"));
+    // 8 ranks, EP 4, ETP 4 (TP 1): 16 does not divide 8.
+    EXPECT_TRUE(error("MC001", [](Config& c) {
+        c.comm.gpus_per_node = 8;
+        c.model.expert_tensor_parallel_size = 4;
+    }));
+    // ETP null follows TP: 12 ranks, TP 2, EP 4, so ETP x EP = 8 does not divide 12.
+    EXPECT_TRUE(error("MC001", [](Config& c) {
+        c.model.expert_tensor_parallel_size.reset();
+        c.comm.gpus_per_node = 12;
+        c.model.tensor_model_parallel_size = 2;
+        c.model.sequence_parallel = true;
+        c.train.global_batch_size = 12;
+    }));
+    // 16 ranks tile EP 4 x PP 4, and ETP 2 x EP 4 tiles 8.
+    EXPECT_FALSE(error("MC001", [&](Config& c) {
+        pp4(c);
+        c.comm.gpus_per_node = 16;
+        c.train.global_batch_size = 16;
+    }));
+    EXPECT_FALSE(error("MC001", [](Config& c) {
+        c.comm.gpus_per_node = 8;
+        c.model.expert_tensor_parallel_size = 2;
+    }));
+    const ValidationReport r = check(pp4);
+    const Finding& f = get(r.errors, "MC001");
+    EXPECT_EQ(f.field, "model.expert_model_parallel_size");
+    EXPECT_EQ(f.value, "4");
+    EXPECT_NE(f.message.find("ETP 1 x EP 4 x PP 4 = 16"), std::string::npos) << f.message;
+    EXPECT_NE(f.fix.find("multiple of 16"), std::string::npos) << f.fix;
+}
+
+TEST(McoreRules, MC001WaitsForTheWorldSize) {
+    Config c = base();
+    c.comm.gpus_per_node.reset();
+    c.model.expert_tensor_parallel_size = 3;
+    EXPECT_FALSE(has(validate(c).errors, "MC001"));
+}
+
+TEST(McoreRules, MC002VirtualPipelineNeedsPipeline) {
+    EXPECT_TRUE(
+        error("MC002", [](Config& c) { c.model.virtual_pipeline_model_parallel_size = 2; }));
+    EXPECT_FALSE(error("MC002", [](Config& c) {
+        c.comm.gpus_per_node = 8;
+        c.model.num_layers = 4;
+        c.model.pipeline_model_parallel_size = 2;
+        c.model.virtual_pipeline_model_parallel_size = 2;
+    }));
+}
+
+TEST(McoreRules, MC003ExpertParallelNeedsExperts) {
+    EXPECT_TRUE(error("MC003", [](Config& c) { c.model.num_moe_experts.reset(); }));
+    EXPECT_TRUE(error("MC003", [](Config& c) { c.model.num_moe_experts = 0; }));
+    EXPECT_FALSE(error("MC003", [](Config& c) {
+        c.model.num_moe_experts.reset();
+        c.model.expert_model_parallel_size = 1;
+    }));
+}
+
+TEST(McoreRules, MC004TopOneSoftmaxNeedsPreSoftmax) {
+    const auto top1 = [](Config& c) { c.model.moe_router_topk = 1; };
+    EXPECT_TRUE(error("MC004", top1));
+    EXPECT_FALSE(error("MC004", [&](Config& c) {
+        top1(c);
+        c.model.moe_router_pre_softmax = true;
+    }));
+    EXPECT_FALSE(error("MC004", [&](Config& c) {
+        top1(c);
+        c.model.moe_router_score_function = ScoreFunction::kSigmoid;
+    }));
+    EXPECT_FALSE(error("MC004", [&](Config& c) {
+        top1(c);
+        c.model.moe_router_load_balancing_type = LoadBalancingType::kSinkhorn;
+    }));
+}
+
+TEST(McoreRules, MC005SharedExpertOverlapNeedsAlltoallOrFlex) {
+    const auto shared = [](Config& c) {
+        c.model.moe_shared_expert_intermediate_size = 512;
+        c.model.moe_shared_expert_overlap = true;
+        c.model.moe_token_dispatcher_type = DispatcherType::kAllgather;
+    };
+    EXPECT_TRUE(error("MC005", shared));
+    EXPECT_FALSE(error("MC005", [&](Config& c) {
+        shared(c);
+        c.model.moe_token_dispatcher_type = DispatcherType::kAlltoall;
+    }));
+}
+
+TEST(McoreRules, MC006DeepepCannotPadToCapacity) {
+    const auto padded = [](Config& c) {
+        c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
+        c.model.moe_flex_dispatcher_backend = FlexBackend::kDeepep;
+        c.model.moe_expert_capacity_factor = 1.0;
+        c.model.moe_pad_expert_input_to_capacity = true;
+    };
+    EXPECT_TRUE(error("MC006", padded));
+    EXPECT_FALSE(error("MC006", [&](Config& c) {
+        padded(c);
+        c.model.moe_flex_dispatcher_backend = FlexBackend::kHybridep;
+    }));
+}
+
+TEST(McoreRules, MC007SequenceParallelNeedsTensorParallel) {
+    EXPECT_TRUE(error("MC007", [](Config& c) { c.model.sequence_parallel = true; }));
+    EXPECT_FALSE(error("MC007", [](Config& c) {
+        c.comm.gpus_per_node = 8;
+        c.model.tensor_model_parallel_size = 2;
+        c.model.sequence_parallel = true;
+    }));
+}
+
+TEST(McoreRules, MC008RecomputeSettingsMatchTheGranularity) {
+    const ValidationReport full =
+        check([](Config& c) { c.model.recompute_granularity = RecomputeGranularity::kFull; });
+    EXPECT_EQ(std::count_if(full.errors.begin(), full.errors.end(),
+                            [](const Finding& f) { return f.id == "MC008"; }),
+              2);
+    EXPECT_FALSE(error("MC008", [](Config& c) {
+        c.model.recompute_granularity = RecomputeGranularity::kFull;
+        c.model.recompute_method = RecomputeMethod::kUniform;
+        c.model.recompute_num_layers = 1;
+    }));
+    EXPECT_TRUE(error("MC008", [](Config& c) {
+        c.model.recompute_granularity = RecomputeGranularity::kSelective;
+        c.model.recompute_num_layers = 1;
+    }));
+    EXPECT_FALSE(error("MC008", [](Config& c) {
+        c.model.recompute_granularity = RecomputeGranularity::kSelective;
+    }));
+}
+
+TEST(McoreRules, MC009WarnsExpertAndTensorParallelWithoutSequenceParallel) {
+    const auto tp2 = [](Config& c) {
+        c.comm.gpus_per_node = 8;
+        c.model.tensor_model_parallel_size = 2;
+    };
+    const ValidationReport r = check(tp2);
+    EXPECT_TRUE(has(r.warnings, "MC009"));
+    EXPECT_FALSE(has(r.errors, "MC009"));
+    EXPECT_FALSE(has(check([&](Config& c) {
+                         tp2(c);
+                         c.model.sequence_parallel = true;
+                     }).warnings,
+                     "MC009"));
+}
+
+}  // namespace
+}  // namespace epo::config
