@@ -133,10 +133,11 @@ epo_cli_test(bridge_file_qwen3_validates 0 "VALID: 0 errors"
              validate tests/data/bridge-qwen3-30b-a3b-run_config.yaml -ng 16 -g h100)
 epo_cli_test(bridge_file_qwen3_plans 0 "^overlap " "verdict:" RUN
              plan tests/data/bridge-qwen3-30b-a3b-run_config.yaml -ng 16 -g h100)
-epo_cli_test(bridge_file_deepseek_layout_refused 2
-             "model.pipeline_model_parallel_layout = a list would change the result"
-             "an explicit layout is not modelled yet" RUN
+epo_cli_test(bridge_file_deepseek_validates 0 "VALID: 0 errors"
+             "pipeline_model_parallel_layout: Etttttttt\\|" RUN
              validate tests/data/bridge-deepseek-v3-run_config.yaml -ng 256 -g h100)
+epo_cli_test(bridge_file_deepseek_plans 0 "^baseline +[0-9.]+" "^verdict: EP overlap" RUN
+             plan tests/data/bridge-deepseek-v3-run_config.yaml -ng 256 -g h100)
 epo_cli_test(bridge_section_in_own_layout 2 "'rng' is a Megatron-Bridge section" RUN
              validate --model tiny-moe rng.seed=3)
 # A Megatron-LM checkpoint's arguments dump, read with Megatron-LM's names.

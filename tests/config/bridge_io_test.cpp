@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config_test_util.h"
 #include "epo/config/builder.h"
 #include "epo/config/validate.h"
@@ -120,7 +122,6 @@ TEST(BridgeIo, UnusedKeysAreListedOnceInANote) {
                                                "logger.tensorboard_dir",
                                                "mixed_precision.fp8",
                                                "mixed_precision.grad_reduce_in_fp32",
-                                               "model.fp8",
                                                "model.moe_grouped_gemm",
                                                "model.params_dtype",
                                                "optimizer.use_distributed_optimizer",
@@ -151,10 +152,15 @@ TEST(BridgeIo, RequestedOverlapWinsOverTheModelsAsBridgeDoes) {
 }
 
 TEST(BridgeIo, KeysThatWouldChangeTheResultAreRefusedWithTheReason) {
+    // fp8 is a field of EPO's now: read like any other (epo plan models it, the CPU runtime
+    // refuses it with RT032).
     std::string fp8 = kSmall;
     fp8.replace(fp8.find("  fp8: null\n  hidden_size"), 11, "  fp8: hybrid");
-    expect_error([&] { build_text(fp8); }, ErrorKind::kUsage,
-                 {"model.fp8 = hybrid would change the result", "does not model FP8"});
+    EXPECT_EQ(build_text(fp8).config.model.fp8, "hybrid");
+    std::string fp4 = kSmall;
+    fp4.replace(fp4.find("  fp8: null\n  hidden_size"), 11, "  fp4: e2m1\n  fp8: null");
+    expect_error([&] { build_text(fp4); }, ErrorKind::kUsage,
+                 {"model.fp4 = e2m1 would change the result", "does not model FP4"});
     std::string sgd = kSmall;
     sgd.replace(sgd.find("optimizer: adam"), 15, "optimizer: sgd");
     expect_error([&] { build_text(sgd); }, ErrorKind::kUsage,
@@ -169,11 +175,11 @@ TEST(BridgeIo, SuggestionsDoNotPointTheWrongWay) {
     // A file in EPO's own layout (no tags) that carries Bridge's names.
     expect_error([] { build_text("rng:\n  seed: 3\n"); }, ErrorKind::kUsage,
                  {"'rng' is a Megatron-Bridge section"});
-    expect_error([] { build_text("model:\n  fp8: hybrid\n"); }, ErrorKind::kUsage,
+    expect_error([] { build_text("model:\n  fp4: e2m1\n"); }, ErrorKind::kUsage,
                  {"EPO does not model FP8/FP4 compute yet"});
     expect_error([] { build_text("logger:\n  log_interval: 3\n"); }, ErrorKind::kUsage,
                  {"Megatron-Bridge's name, which EPO's own layout calls 'train.log_interval'"});
-    for (const char* text : {"rng:\n  seed: 3\n", "model:\n  fp8: hybrid\n"}) {
+    for (const char* text : {"rng:\n  seed: 3\n", "model:\n  fp4: e2m1\n"}) {
         try {
             build_text(text);
         } catch (const Error& e) {
@@ -198,13 +204,17 @@ TEST(BridgeIo, Qwen3RunConfigValidatesAsWritten) {
     EXPECT_EQ(r.config.model.activation_func, ActivationFunc::kSilu);
 }
 
-// Bridge's DeepSeek-V3 recipe splits 61 layers over PP 8 with an explicit layout, which EPO does
-// not model yet: the file is read up to that key and refused with the reason.
-TEST(BridgeIo, DeepseekRunConfigIsReadUpToItsPipelineLayout) {
+// Bridge's DeepSeek-V3 recipe splits 61 layers over PP 8 with an explicit layout, written in
+// Megatron-Core's list form: read into EPO's string form, and the file validates as written.
+TEST(BridgeIo, DeepseekRunConfigValidatesWithItsPipelineLayout) {
     ConfigSources s;
     s.config_path = data("bridge-deepseek-v3-run_config.yaml");
-    expect_error([&] { build_config(s); }, ErrorKind::kUsage,
-                 {"model.pipeline_model_parallel_layout", "an explicit layout is not modelled"});
+    const BuiltConfig built = build_config(s);
+    ASSERT_TRUE(built.config.model.pipeline_model_parallel_layout.has_value());
+    const std::string& layout = *built.config.model.pipeline_model_parallel_layout;
+    EXPECT_EQ(layout.substr(0, 10), "Etttttttt|");
+    EXPECT_EQ(std::count(layout.begin(), layout.end(), 't'), 61);
+    EXPECT_EQ(layout.substr(layout.size() - 3), "tmL") << layout;
 }
 
 // A Megatron-LM checkpoint's arguments (vars(args) as YAML): Megatron-LM's names mapped, the
@@ -231,8 +241,8 @@ TEST(BridgeIo, MegatronArgsDumpIsReadWithItsNames) {
     const ValidationReport r = validate(built);
     EXPECT_TRUE(r.ok()) << ::testing::PrintToString(ids(r.errors));
     EXPECT_TRUE(r.config.model.overlap_moe_expert_parallel_comm);
-    expect_error([] { build_text("num_experts: 8\nfp8: hybrid\n"); }, ErrorKind::kUsage,
-                 {"fp8 = hybrid would change the result"});
+    expect_error([] { build_text("num_experts: 8\nfp4: e2m1\n"); }, ErrorKind::kUsage,
+                 {"fp4 = e2m1 would change the result"});
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config_test_util.h"
 
 namespace epo::config {
@@ -260,6 +262,31 @@ TEST(Finalize, PairedEdgesWithoutOverlapAreIgnored) {
     };
     EXPECT_EQ(finalized(false), std::pair(false, true));
     EXPECT_EQ(finalized(true), std::pair(true, false));
+}
+
+}  // namespace
+}  // namespace epo::config
+
+namespace epo::config {
+namespace {
+
+// Megatron-Core applies moe_router_pre_softmax to softmax scores only: with sigmoid scores it is
+// cleared with W016 (Bridge's DeepSeek-V3 recipe sets both), so the plan and the runtime see the
+// routing that runs.
+TEST(Finalize, PreSoftmaxWithSigmoidScoresIsClearedWithAWarning) {
+    Config c = make_recipe("deepseek-v3");
+    c.model.moe_router_score_function = ScoreFunction::kSigmoid;
+    c.model.moe_router_pre_softmax = true;
+    Config finalized = c;
+    const FinalizeResult r = finalize(finalized);
+    EXPECT_FALSE(finalized.model.moe_router_pre_softmax);
+    ASSERT_EQ(std::count_if(r.warnings.begin(), r.warnings.end(),
+                            [](const Finding& f) { return f.id == "W016"; }),
+              1);
+    // With softmax scores it is the user's choice and stays.
+    c.model.moe_router_score_function = ScoreFunction::kSoftmax;
+    finalize(c);
+    EXPECT_TRUE(c.model.moe_router_pre_softmax);
 }
 
 }  // namespace

@@ -45,23 +45,7 @@ struct Unhonoured {
     std::string_view reason;
 };
 constexpr Unhonoured kUnhonoured[] = {
-    {"model.fp8", "EPO does not model FP8 compute yet (its cost model and runtime are bf16)"},
     {"model.fp4", "EPO does not model FP4 compute"},
-    {"model.num_layers_in_first_pipeline_stage",
-     "EPO splits layers evenly over pipeline stages; uneven first/last stages are not modelled "
-     "yet"},
-    {"model.num_layers_in_last_pipeline_stage",
-     "EPO splits layers evenly over pipeline stages; uneven first/last stages are not modelled "
-     "yet"},
-    {"model.pipeline_model_parallel_layout",
-     "EPO splits layers evenly over pipeline stages; an explicit layout is not modelled yet"},
-    {"model.account_for_embedding_in_pipeline_split",
-     "EPO splits layers evenly over pipeline stages, without counting the embedding as a layer"},
-    {"model.account_for_loss_in_pipeline_split",
-     "EPO splits layers evenly over pipeline stages, without counting the loss as a layer"},
-    {"mixed_precision.fp8",
-     "EPO does not model FP8 compute yet (its cost model and runtime are "
-     "bf16)"},
     {"mixed_precision.fp4", "EPO does not model FP4 compute"},
 };
 
@@ -111,6 +95,32 @@ private:
                 ? fmt::format("{}:{}:{}: ", source_.name, mark.line + 1, mark.column + 1)
                 : source_.name + ": ";
         throw Error(ErrorKind::kUsage, fmt::format("{}{}: {}", where, key, message));
+    }
+
+    // Bridge writes a pipeline layout as Megatron-Core's list form, one list of layer names per
+    // virtual stage ([[embedding, decoder], [decoder], ..., [decoder, mtp, loss]]); EPO's field
+    // holds Megatron's string form of the same layout ("Et|t|...|tmL").
+    std::string layout_string(const std::string& key, const YAML::Node& stages,
+                              const YAML::Mark& mark) const {
+        static const std::map<std::string, char> kLetters = {
+            {"embedding", 'E'}, {"decoder", 't'}, {"mtp", 'm'}, {"loss", 'L'}};
+        std::string out;
+        for (const auto& stage : stages) {
+            if (!stage.IsSequence())
+                fail(mark, key, "expected a list of lists of layer names (one list per stage)");
+            if (!out.empty())
+                out += '|';
+            for (const auto& layer : stage) {
+                const auto it = kLetters.find(layer.IsScalar() ? layer.Scalar() : "");
+                if (it == kLetters.end()) {
+                    fail(mark, key,
+                         fmt::format("layer name '{}' is none of embedding, decoder, mtp, loss",
+                                     layer.IsScalar() ? layer.Scalar() : "(not a name)"));
+                }
+                out += it->second;
+            }
+        }
+        return out;
     }
 
     void set(const std::string& dotted, const YAML::Node& value) {
@@ -193,7 +203,9 @@ private:
             }
             const std::string key = bridge_section + "." + name;
             const std::string epo_key = epo_section + "." + name;
-            if (epo_keys().count(epo_key) > 0) {
+            if (epo_key == "model.pipeline_model_parallel_layout" && entry.second.IsSequence()) {
+                set(epo_key, YAML::Node(layout_string(key, entry.second, entry.first.Mark())));
+            } else if (epo_keys().count(epo_key) > 0) {
                 set(epo_key, decode(key, entry.second, entry.first.Mark()));
             } else {
                 check_unhonoured(key, entry.second, entry.first.Mark());
@@ -274,6 +286,10 @@ private:
             const std::string key = "mixed_precision." + name;
             check_unhonoured(key, entry.second, entry.first.Mark());
             if (name == "bf16" || name == "fp16") {
+                set("model." + name, entry.second);
+            } else if ((name == "fp8" || name == "fp8_recipe") && !entry.second.IsNull()) {
+                // Bridge's mixed-precision recipe writes fp8 over the model's (its setup copies
+                // these fields onto the model config).
                 set("model." + name, entry.second);
             } else {
                 ignored_.insert(key);

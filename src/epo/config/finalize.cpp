@@ -161,6 +161,20 @@ void settle_pair_edges(ModelConfig& m, std::vector<Finding>& warnings) {
     m.moe_ep_overlap_pair_edges = false;
 }
 
+// Megatron-Core's router applies moe_router_pre_softmax to softmax scores only; with sigmoid
+// scores it has no effect (Bridge's DeepSeek-V3 recipe sets both). The field is cleared, so every
+// consumer sees the routing that runs, and a warning says so.
+void settle_pre_softmax(ModelConfig& m, std::vector<Finding>& warnings) {
+    if (!m.moe_router_pre_softmax || m.moe_router_score_function != ScoreFunction::kSigmoid)
+        return;
+    warnings.push_back(Finding{
+        "W016", "model.moe_router_pre_softmax", "true",
+        "moe_router_pre_softmax applies to softmax scores only (as Megatron-Core's router): with "
+        "moe_router_score_function=sigmoid it has no effect, and the field is cleared",
+        "set model.moe_router_pre_softmax=false, or use moe_router_score_function=softmax"});
+    m.moe_router_pre_softmax = false;
+}
+
 }  // namespace
 
 CommOverlapConfig resolved_model_overlap(const Config& config) {
@@ -220,6 +234,7 @@ FinalizeResult finalize(Config& config) {
         settle_comm_overlap(config, result.warnings);
     settle_moe_chunks(config.model, result.warnings);
     settle_pair_edges(config.model, result.warnings);
+    settle_pre_softmax(config.model, result.warnings);
     return result;
 }
 
