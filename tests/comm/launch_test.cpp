@@ -236,6 +236,9 @@ TEST(LauncherWatch, LeavesAtOnceWhenTheLauncherEndsByItself) {
     // Not an MPI launcher: a rank under a plain shell never starts one.
     EXPECT_TRUE(is_mpi_launcher_name("mpirun"));
     EXPECT_TRUE(is_mpi_launcher_name("orted"));
+    EXPECT_TRUE(is_mpi_launcher_name("mpirun.openmpi"));  // as epo launch runs it on Debian
+    EXPECT_TRUE(is_mpi_launcher_name("mpiexec.hydra"));
+    EXPECT_FALSE(is_mpi_launcher_name("mpirunner"));
     EXPECT_FALSE(is_mpi_launcher_name("bash"));
     EXPECT_FALSE(is_mpi_launcher_name("epo"));
 }

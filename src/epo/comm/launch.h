@@ -72,9 +72,10 @@ LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s);
 // it was killed): its stdout is this process's, its stderr goes through is_launcher_noise(), and
 // SIGTERM / SIGINT / SIGHUP sent to this process are passed on to it (mpirun passes them to the
 // ranks). Once a rank has reported its failure ("epo: rank R of N failed: ..."), the launcher
-// gets `failure_grace_s` to end the job; one still running then is stopped (SIGTERM, SIGKILL
-// 5 s later) with a message: after an MPI_Abort, Open MPI's mpirun can wait for good on the
-// daemon of a host that stopped answering. Raises epo::Error if it cannot be started.
+// gets `failure_grace_s` to end the job; one still running then is stopped (SIGKILL: mpirun
+// answers SIGTERM in that state with a segmentation fault) with a message: after an MPI_Abort, Open
+// MPI's mpirun can wait for good on the daemon of a host that stopped answering. Raises epo::Error
+// if it cannot be started.
 //
 // A job can also end without any rank saying why: a rank killed (SIGKILL, the out-of-memory
 // killer), or a whole host gone (its processes killed, powered off). Then the launcher's status is

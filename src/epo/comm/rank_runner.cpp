@@ -138,9 +138,12 @@ void sleep_ms(long ms) {
 }  // namespace
 
 bool is_mpi_launcher_name(std::string_view comm) {
-    for (const std::string_view name : {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
-                                        "mpiexec.hydra", "hydra_pmi_proxy"}) {
-        if (comm == name)
+    // Debian installs the launchers under suffixed names too ("mpirun.openmpi", "mpiexec.hydra",
+    // "mpiexec.mpich"), which epo launch runs by their resolved path.
+    for (const std::string_view name :
+         {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "hydra_pmi_proxy"}) {
+        if (comm == name ||
+            (comm.starts_with(name) && comm.size() > name.size() && comm[name.size()] == '.'))
             return true;
     }
     return false;
