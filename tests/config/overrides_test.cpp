@@ -85,3 +85,34 @@ TEST(Overrides, ShapeErrors) {
 
 }  // namespace
 }  // namespace epo::config
+
+namespace epo::config {
+namespace {
+
+// Several mistyped keys on one command line are reported together (only the first was); one
+// keeps its own message.
+TEST(Overrides, EveryBadOverrideIsReportedAtOnce) {
+    Config c = make_recipe("tiny-moe");
+    const std::vector<std::string> args = {"model.num_layrs=4", "model.hidden_size=64",
+                                           "train.global_bach_size=8"};
+    try {
+        apply_overrides(c, args);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+        EXPECT_NE(what.find("2 of the overrides cannot be applied"), std::string::npos) << what;
+        EXPECT_NE(what.find("model.num_layrs"), std::string::npos) << what;
+        EXPECT_NE(what.find("train.global_bach_size"), std::string::npos) << what;
+    }
+    const std::vector<std::string> one = {"model.num_layrs=4"};
+    try {
+        apply_overrides(c, one);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).find("of the overrides"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace epo::config

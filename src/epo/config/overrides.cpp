@@ -100,8 +100,25 @@ void apply_override(Config& config, const Override& override_) {
 }
 
 void apply_overrides(Config& config, std::span<const std::string> args) {
+    // Every override is tried, so that a command line with several mistyped keys hears of all of
+    // them at once (it heard of the first only); one problem keeps its own message.
+    std::vector<Error> problems;
     for (const auto& arg : args) {
-        apply_override(config, parse_override(arg));
+        try {
+            apply_override(config, parse_override(arg));
+        } catch (const Error& e) {
+            if (e.kind() != ErrorKind::kUsage && e.kind() != ErrorKind::kConfig)
+                throw;
+            problems.push_back(e);
+        }
+    }
+    if (problems.size() == 1)
+        throw problems.front();
+    if (!problems.empty()) {
+        std::string text = fmt::format("{} of the overrides cannot be applied:", problems.size());
+        for (const Error& e : problems)
+            text += fmt::format("\n  {}", e.what());
+        throw Error(ErrorKind::kUsage, text);
     }
 }
 
