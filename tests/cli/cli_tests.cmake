@@ -176,3 +176,8 @@ epo_cli_test(short_run_warmup 1 "TR001" "which --max_steps sets"
 epo_cli_test(interleaved_partial_group 0 "RT033" "train.global_batch_size = 12 \\(3 micro-batches per step, PP 2\\)" RUN
              validate --model tiny-moe -ep 2 -pp 2 -vp 2 --num_nodes 1 --gpus_per_node 4 -gb 12
              model.num_layers=4)
+# Several mistyped override keys are reported at once, each with its suggestion.
+epo_cli_test(overrides_all_reported 2 "2 of the overrides cannot be applied"
+             "unknown key 'model.num_layrs'; did you mean 'model.num_layers'"
+             "unknown key 'model.hiden_size'; did you mean 'model.hidden_size'" RUN
+             validate --model tiny-moe model.num_layrs=2 model.hiden_size=3)

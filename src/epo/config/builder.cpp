@@ -83,9 +83,7 @@ BuiltConfig build_config(const ConfigSources& sources) {
         }
     }
     built.warnings = apply_harness_overrides(built.config, sources.harness, sources.probe);
-    for (const auto& o : overrides) {
-        apply_override(built.config, o);
-    }
+    apply_overrides(built.config, std::span<const Override>(overrides));
     if (sources.num_layers_per_virtual_pipeline_stage) {
         apply_layers_per_virtual_stage(built.config.model,
                                        *sources.num_layers_per_virtual_pipeline_stage);

@@ -99,13 +99,16 @@ void apply_override(Config& config, const Override& override_) {
     apply_yaml(config, nest(split_key(override_.key), 0, value), source);
 }
 
-void apply_overrides(Config& config, std::span<const std::string> args) {
-    // Every override is tried, so that a command line with several mistyped keys hears of all of
-    // them at once (it heard of the first only); one problem keeps its own message.
+namespace {
+
+// Runs `apply` on every item, so that a command line with several bad overrides hears of all of
+// them at once (it heard of the first only); one problem keeps its own message.
+template <class Item, class Apply>
+void apply_all(std::span<const Item> items, Apply&& apply) {
     std::vector<Error> problems;
-    for (const auto& arg : args) {
+    for (const Item& item : items) {
         try {
-            apply_override(config, parse_override(arg));
+            apply(item);
         } catch (const Error& e) {
             if (e.kind() != ErrorKind::kUsage && e.kind() != ErrorKind::kConfig)
                 throw;
@@ -120,6 +123,16 @@ void apply_overrides(Config& config, std::span<const std::string> args) {
             text += fmt::format("\n  {}", e.what());
         throw Error(ErrorKind::kUsage, text);
     }
+}
+
+}  // namespace
+
+void apply_overrides(Config& config, std::span<const std::string> args) {
+    apply_all(args, [&](const std::string& arg) { apply_override(config, parse_override(arg)); });
+}
+
+void apply_overrides(Config& config, std::span<const Override> overrides) {
+    apply_all(overrides, [&](const Override& o) { apply_override(config, o); });
 }
 
 }  // namespace epo::config

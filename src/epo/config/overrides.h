@@ -30,5 +30,7 @@ Override parse_override(std::string_view arg);
 void apply_override(Config& config, const Override& override_);
 // Applies "KEY=VALUE" arguments in order (later ones win).
 void apply_overrides(Config& config, std::span<const std::string> args);
+// The same for parsed overrides. Both try every override and report every bad one at once.
+void apply_overrides(Config& config, std::span<const Override> overrides);
 
 }  // namespace epo::config
