@@ -2,6 +2,8 @@
 # scripts/mpi_test_run.sh against fake launchers: it reruns a job once only when every rank passed
 # and Open MPI then reported a rank exiting improperly; any other failure is returned as it is.
 set -uo pipefail
+# The suite's own rerun record (scripts/test.sh) is not this test's: its fake reruns stay out.
+unset EPO_MPI_RERUN_LOG
 runner=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
