@@ -412,10 +412,10 @@ void whole_only(ExpertGroup g) {
               g.count);
 }
 
-FlexDispatch& own(DispatchState& d) {
+FlexDispatch& own_flex(DispatchState& d) {
     return static_cast<FlexDispatch&>(d);
 }
-const FlexDispatch& own(const DispatchState& d) {
+const FlexDispatch& own_flex(const DispatchState& d) {
     return static_cast<const FlexDispatch&>(d);
 }
 
@@ -446,73 +446,73 @@ std::unique_ptr<DispatchState> FlexDispatcher::new_state() const {
 
 void FlexDispatcher::dispatch_preprocess(const RouterOutput& routing, const Tensor& x,
                                          DispatchState& d, Arena& arena) const {
-    flex::dispatch_preprocess(cfg_, backend_, ep_size_, ep_rank_, ranks_per_node_, routing, own(d),
-                              arena);
-    flex::dispatch_permute(x, own(d));
+    flex::dispatch_preprocess(cfg_, backend_, ep_size_, ep_rank_, ranks_per_node_, routing,
+                              own_flex(d), arena);
+    flex::dispatch_permute(x, own_flex(d));
 }
 
 void FlexDispatcher::token_dispatch(const DispatchComms& comms, DispatchState& d, Arena& arena,
                                     ExpertGroup g) const {
     whole_only(g);
-    const flex::FlexComms c = flex::flex_comms(comms, own(d));
-    flex::dispatch_layout(c, own(d), arena);
-    flex::dispatch_payload(c, own(d));
+    const flex::FlexComms c = flex::flex_comms(comms, own_flex(d));
+    flex::dispatch_layout(c, own_flex(d), arena);
+    flex::dispatch_payload(c, own_flex(d));
 }
 
 void FlexDispatcher::dispatch_postprocess(DispatchState& d, ExpertGroup g) const {
     whole_only(g);
-    flex::dispatch_postprocess(own(d));
+    flex::dispatch_postprocess(own_flex(d));
 }
 
 void FlexDispatcher::combine_preprocess(DispatchState& d, ExpertGroup g) const {
     whole_only(g);
-    flex::combine_preprocess(own(d));
+    flex::combine_preprocess(own_flex(d));
 }
 
 void FlexDispatcher::token_combine(const DispatchComms& comms, DispatchState& d,
                                    ExpertGroup g) const {
     whole_only(g);
-    flex::token_combine(flex::flex_comms(comms, own(d)), own(d));
+    flex::token_combine(flex::flex_comms(comms, own_flex(d)), own_flex(d));
 }
 
 void FlexDispatcher::combine_postprocess(const DispatchState& d, const Tensor& shared,
                                          const Tensor& y) const {
-    flex::combine_postprocess(own(d), shared, y);
+    flex::combine_postprocess(own_flex(d), shared, y);
 }
 
 void FlexDispatcher::combine_postprocess_backward(const Tensor& dy, DispatchState& d,
                                                   Arena& arena) const {
-    flex::combine_postprocess_backward(dy, own(d), arena);
+    flex::combine_postprocess_backward(dy, own_flex(d), arena);
 }
 
 void FlexDispatcher::token_combine_backward(const DispatchComms& comms, DispatchState& d,
                                             ExpertGroup g) const {
     whole_only(g);
-    flex::token_combine_backward(flex::flex_comms(comms, own(d)), own(d));
+    flex::token_combine_backward(flex::flex_comms(comms, own_flex(d)), own_flex(d));
 }
 
 void FlexDispatcher::combine_preprocess_backward(DispatchState& d, ExpertGroup g) const {
     whole_only(g);
-    flex::combine_preprocess_backward(own(d));
+    flex::combine_preprocess_backward(own_flex(d));
 }
 
 void FlexDispatcher::dispatch_postprocess_backward(DispatchState& d, ExpertGroup g) const {
     whole_only(g);
-    flex::dispatch_postprocess_backward(own(d));
+    flex::dispatch_postprocess_backward(own_flex(d));
 }
 
 void FlexDispatcher::token_dispatch_backward(const DispatchComms& comms, DispatchState& d,
                                              ExpertGroup g) const {
     whole_only(g);
-    flex::token_dispatch_backward(flex::flex_comms(comms, own(d)), own(d));
+    flex::token_dispatch_backward(flex::flex_comms(comms, own_flex(d)), own_flex(d));
 }
 
 void FlexDispatcher::gather_dweight(const DispatchState& d, const Tensor& dweight) const {
-    flex::gather_dweight(own(d), dweight);
+    flex::gather_dweight(own_flex(d), dweight);
 }
 
 void FlexDispatcher::token_row_sum(const DispatchState& d, std::int64_t t, float* acc) const {
-    flex::token_row_sum(own(d), t, acc);
+    flex::token_row_sum(own_flex(d), t, acc);
 }
 
 }  // namespace epo::moe

@@ -9,7 +9,7 @@
 namespace epo::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kNotesGiB = 1024.0 * 1024.0 * 1024.0;
 
 // What to change when a schedule does not fit: after its largest part.
 std::string memory_fix(const StageMemory& m, const config::Config& cfg) {
@@ -37,7 +37,7 @@ std::string memory_fix(const StageMemory& m, const config::Config& cfg) {
 void check_memory(PlanResult& r, const config::Config& cfg) {
     // The datasheets' "80 GB" is what nvidia-smi reports in MiB (81559 MiB on an H100 SXM5):
     // binary gigabytes.
-    const double capacity = r.hardware.device.memory_gb * kGiB;
+    const double capacity = r.hardware.device.memory_gb * kNotesGiB;
     const double usable = capacity * (1 - r.memory_headroom);
     const bool gpu = r.hardware.device.id != "cpu";
     for (ScheduleEstimate& e : r.runs) {
@@ -48,7 +48,7 @@ void check_memory(PlanResult& r, const config::Config& cfg) {
             r.notes.push_back(fmt::format(
                 "{} needs {:.1f} GiB per rank by the epo runtime's memory estimate, more than "
                 "the {:g} GiB of this machine's ranks",
-                e.name, static_cast<double>(e.peak_memory_bytes) / kGiB,
+                e.name, static_cast<double>(e.peak_memory_bytes) / kNotesGiB,
                 r.hardware.device.memory_gb));
             continue;
         }
@@ -58,8 +58,8 @@ void check_memory(PlanResult& r, const config::Config& cfg) {
             "{:.1f}, optimizer {:.1f}, activations {:.1f} for {:g} micro-batch chunk(s) in "
             "flight), over {:.0f}% of the {:g} GiB of a {} ({:.0f}% kept for the CUDA context, "
             "communication buffers and fragmentation); {}",
-            e.name, m.stage, m.total() / kGiB, m.weights / kGiB, m.main_grads / kGiB,
-            m.optimizer / kGiB, m.activations / kGiB, m.units_in_flight,
+            e.name, m.stage, m.total() / kNotesGiB, m.weights / kNotesGiB, m.main_grads / kNotesGiB,
+            m.optimizer / kNotesGiB, m.activations / kNotesGiB, m.units_in_flight,
             100 * (1 - r.memory_headroom), r.hardware.device.memory_gb, r.hardware.device.id,
             100 * r.memory_headroom, memory_fix(m, cfg)));
     }
