@@ -84,8 +84,8 @@ void add_harness_flags(CLI::App& app, HarnessFlags& f) {
                    "-ng N: GPUs in all; nodes = ceil(N / GPUs per node)");
     app.add_option("-g,--gpu", f.gpu, "-g NAME: the target GPU (env.gpu): h100, b200, gb200, ...");
     app.add_option("-c,--compute_dtype", f.compute_dtype,
-                   "-c bf16: model.bf16 (fp8_cs, fp8_mx, fp8_sc, nvfp4 are refused: EPO does not "
-                   "model FP8/FP4 yet)");
+                   "-c bf16|fp8_cs|fp8_mx|fp8_sc: model.bf16, and model.fp8 / fp8_recipe as "
+                   "Bridge's recipe of that name sets them (nvfp4 is refused)");
     app.add_option("--rl,--recompute_num_layers", f.recompute_num_layers,
                    "-rl N: full recompute of N layers per stage (method block)");
     app.add_option("--recompute_modules", f.recompute_modules,

@@ -18,8 +18,10 @@ epo_cli_test(bridge_compute_dtype_bf16 0 "^  bf16: true$" RUN
              validate --model tiny-moe -c bf16)
 epo_cli_test(bridge_compute_dtype_long 0 "^  bf16: true$" RUN
              validate --model tiny-moe --compute_dtype bf16)
-epo_cli_test(bridge_compute_dtype_fp8_refused 2 "fp8_cs selects Bridge's bf16_with_fp8_current_scaling_mixed"
-             "use -c bf16" RUN validate --model qwen3-30b-a3b -c fp8_cs)
+epo_cli_test(bridge_compute_dtype_fp8 0 "^  fp8: hybrid$" "^  fp8_recipe: tensorwise$" RUN
+             validate --model qwen3-30b-a3b -c fp8_cs env.gpu=h100)
+epo_cli_test(bridge_compute_dtype_fp4_refused 2 "nvfp4 selects Bridge's bf16_with_nvfp4_mixed"
+             "use -c bf16" RUN validate --model qwen3-30b-a3b -c nvfp4)
 epo_cli_test(bridge_expert_tensor_short_et 0 "^  expert_tensor_parallel_size: 2$" RUN
              validate --model qwen3-30b-a3b -et 2)
 epo_cli_test(bridge_max_steps_short_ms 0 "^  train_iters: 7$" RUN

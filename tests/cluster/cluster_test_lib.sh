@@ -104,3 +104,39 @@ train_matches_shared_memory() {
   diff <(losses "$out/$tag.txt") <(losses "$out/shm$slots.txt") ||
     fail "2 hosts x $slots: losses differ between the hosts and shared memory"
 }
+
+# Runs tiny-moe over the cluster's 2 hosts through the launcher line `$1` (run on host 0; the
+# epo command follows it), cuts host 1's link after step 3, and fails unless the job ends within
+# `$2` s of the cut with a failed status, a message naming the stuck collective and the rank it
+# waited for (as docs/emulated-cluster.md promises), no segmentation fault, and neither an epo
+# process nor Open MPI's daemon left on either host (within 30 s). Sets `took`.
+expect_cut_link_ends() {
+  local launch=$1 deadline=$2
+  "$cluster" run bash -c "$launch $epo train --model tiny-moe -ep 2 --num_nodes 2 \
+    --gpus_per_node 1 --max_steps 100000 comm.timeout_s=10 logger.log_dir=$out/runs; \
+    echo \"exit status \$?\"" >"$out/run.txt" 2>&1 &
+  wait_for "$out/run.txt" 60 "iteration        3/" || fail "the run did not reach step 3"
+  "$cluster" cut 1
+  local cut_at
+  cut_at=$(date +%s)
+  wait_for "$out/run.txt" 90 "^exit status" || fail "the job did not end within 90 s of the cut"
+  took=$(($(date +%s) - cut_at))
+  grep -q "^exit status 0$" "$out/run.txt" && fail "the job ended with status 0 after a cut link"
+  grep -Eq "epo: rank [01] of 2 failed: .*[a-z_]+ #[0-9]+ on group [a-z_0-9]+ .*world rank\(s\) [01]( |:)" \
+    "$out/run.txt" || fail "no message naming the stuck collective and the silent rank"
+  grep -q "Segmentation fault" "$out/run.txt" && fail "a segmentation fault was reported"
+  ((took <= deadline)) || fail "the job took $took s to end after the cut (deadline $deadline s)"
+  expect_no_rank_left
+  local daemons
+  for ((i = 0; i < 300; ++i)); do
+    daemons=0
+    for ((h = 0; h < num_hosts; ++h)); do
+      for p in $(ip netns pids "$name-h$h" 2>/dev/null); do
+        grep -q "^orted$" "/proc/$p/comm" 2>/dev/null && daemons=$((daemons + 1))
+      done
+    done
+    ((daemons == 0)) && return 0
+    sleep 0.1
+  done
+  fail "$daemons Open MPI daemon(s) stayed on the emulated hosts"
+}

@@ -176,7 +176,7 @@ TEST(BridgeIo, SuggestionsDoNotPointTheWrongWay) {
     expect_error([] { build_text("rng:\n  seed: 3\n"); }, ErrorKind::kUsage,
                  {"'rng' is a Megatron-Bridge section"});
     expect_error([] { build_text("model:\n  fp4: e2m1\n"); }, ErrorKind::kUsage,
-                 {"EPO does not model FP8/FP4 compute yet"});
+                 {"EPO does not model FP4 compute"});
     expect_error([] { build_text("logger:\n  log_interval: 3\n"); }, ErrorKind::kUsage,
                  {"Megatron-Bridge's name, which EPO's own layout calls 'train.log_interval'"});
     for (const char* text : {"rng:\n  seed: 3\n", "model:\n  fp4: e2m1\n"}) {

@@ -40,6 +40,16 @@ inline Config delay_wgrad_config() {
     return c;
 }
 
+// tiny-moe on four ranks with EP 4, micro-batch 1, global batch 8: passes every rule family.
+inline Config four_rank_config() {
+    Config c = make_recipe("tiny-moe");
+    c.comm.gpus_per_node = 4;
+    c.model.expert_model_parallel_size = 4;
+    c.train.micro_batch_size = 1;
+    c.train.global_batch_size = 8;
+    return c;
+}
+
 inline std::vector<std::string> ids(const std::vector<Finding>& findings) {
     std::vector<std::string> out;
     for (const auto& f : findings) {

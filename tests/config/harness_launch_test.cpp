@@ -101,17 +101,30 @@ TEST(HarnessLaunch, ComputeDtypeBf16SetsBf16) {
     EXPECT_FALSE(c.model.fp16);
 }
 
-TEST(HarnessLaunch, LowPrecisionComputeDtypesAreRefusedWithTheReason) {
-    for (const char* dtype : {"fp8_cs", "fp8_mx", "fp8_sc", "nvfp4"}) {
+// The fp8 recipes set what Bridge's recipe of that name sets; nvfp4 is refused with the reason.
+TEST(HarnessLaunch, Fp8ComputeDtypesSetBridgesRecipeAndFp4IsRefused) {
+    const struct {
+        const char* dtype;
+        const char* fp8;
+        const char* recipe;
+    } cases[] = {{"fp8_cs", "hybrid", "tensorwise"},
+                 {"fp8_mx", "e4m3", "mxfp8"},
+                 {"fp8_sc", "hybrid", "blockwise"}};
+    for (const auto& k : cases) {
         HarnessOverrides h;
-        h.compute_dtype = dtype;
+        h.compute_dtype = k.dtype;
         Config c = make_recipe("tiny-moe");
-        expect_error([&] { apply_harness_overrides(c, h); }, ErrorKind::kUsage,
-                     {dtype, "does not model FP8/FP4", "use -c bf16"});
+        apply_harness_overrides(c, h);
+        EXPECT_TRUE(c.model.bf16) << k.dtype;
+        EXPECT_EQ(c.model.fp8, k.fp8) << k.dtype;
+        EXPECT_EQ(c.model.fp8_recipe, k.recipe) << k.dtype;
     }
     HarnessOverrides h;
-    h.compute_dtype = "fp32";
+    h.compute_dtype = "nvfp4";
     Config c = make_recipe("tiny-moe");
+    expect_error([&] { apply_harness_overrides(c, h); }, ErrorKind::kUsage,
+                 {"nvfp4", "does not model FP4", "use -c bf16"});
+    h.compute_dtype = "fp32";
     expect_error([&] { apply_harness_overrides(c, h); }, ErrorKind::kUsage, {"takes bf16, fp8_cs"});
 }
 

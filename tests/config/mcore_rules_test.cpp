@@ -15,12 +15,7 @@ using testing::has;
 using testing::ids;
 
 Config base() {
-    Config c = make_recipe("tiny-moe");
-    c.comm.gpus_per_node = 4;
-    c.model.expert_model_parallel_size = 4;
-    c.train.micro_batch_size = 1;
-    c.train.global_batch_size = 8;
-    return c;
+    return testing::four_rank_config();
 }
 
 ValidationReport check(const std::function<void(Config&)>& change) {

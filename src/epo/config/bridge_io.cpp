@@ -270,8 +270,10 @@ private:
             const std::string name = value.Scalar();
             if (name.find("fp8") != std::string::npos || name.find("fp4") != std::string::npos) {
                 fail(mark, "mixed_precision",
-                     fmt::format("mixed_precision = {} would change the result, but EPO does not "
-                                 "model FP8/FP4 compute yet; use bf16_mixed",
+                     fmt::format("mixed_precision = {} names a recipe whose fields EPO cannot see "
+                                 "here; write it as Bridge's to_yaml does (a mapping with fp8 and "
+                                 "fp8_recipe), or pass -c fp8_cs / fp8_mx / fp8_sc (FP4 is not "
+                                 "modelled)",
                                  name));
             }
             set("model.bf16", YAML::Node(name.find("bf16") != std::string::npos));

@@ -326,13 +326,11 @@ std::optional<std::string> bridge_key_message(std::string_view key) {
                 key, epo, bridge_file);
         }
     }
-    for (std::string_view fp8 : {"model.fp8", "model.fp8_recipe", "model.fp4"}) {
-        if (key == fp8) {
-            return fmt::format(
-                "unknown key '{}': EPO does not model FP8/FP4 compute yet; remove "
-                "it (bf16: model.bf16=true)",
-                key);
-        }
+    if (key == "model.fp4") {
+        return fmt::format(
+            "unknown key '{}': EPO does not model FP4 compute; remove it (fp8: model.fp8 and "
+            "model.fp8_recipe)",
+            key);
     }
     static constexpr std::string_view kBridgeSections[] = {"rng",
                                                            "scheduler",

@@ -53,31 +53,38 @@ void apply_num_layers(ModelConfig& m, int num_layers) {
     m.num_layers = num_layers;
 }
 
-// -c/--compute_dtype: the reference harness's precision recipes. bf16 is the bf16_mixed
-// recipe; the others add an FP8 / FP4 recipe on top of bf16, which EPO does not model yet.
+// -c/--compute_dtype: the reference harness's precision recipes, each bf16 with Transformer
+// Engine's fp8 on top as Bridge's mixed-precision recipe of that name sets it (epo plan models
+// fp8; the CPU runtime refuses it, RT032). nvfp4 is refused: nothing here models FP4.
 void apply_compute_dtype(ModelConfig& m, const std::string& dtype) {
     struct Recipe {
-        std::string_view flag, bridge_recipe;
+        std::string_view flag, fp8, fp8_recipe;
     };
-    static constexpr Recipe kLowPrecision[] = {
-        {"fp8_cs", "bf16_with_fp8_current_scaling_mixed (fp8 hybrid, recipe tensorwise)"},
-        {"fp8_mx", "bf16_with_mxfp8_mixed (fp8 hybrid, recipe mxfp8)"},
-        {"fp8_sc", "bf16_with_fp8_subchannel_scaling_mixed (fp8 hybrid, recipe blockwise)"},
-        {"nvfp4", "bf16_with_nvfp4_mixed (fp4)"},
+    static constexpr Recipe kFp8[] = {
+        {"fp8_cs", "hybrid", "tensorwise"},  // bf16_with_fp8_current_scaling_mixed
+        {"fp8_mx", "e4m3", "mxfp8"},         // bf16_with_mxfp8_mixed
+        {"fp8_sc", "hybrid", "blockwise"},   // bf16_with_fp8_subchannel_scaling_mixed
     };
+    if (dtype == "nvfp4") {
+        throw Error(ErrorKind::kUsage,
+                    "-c/--compute_dtype nvfp4 selects Bridge's bf16_with_nvfp4_mixed; EPO does not "
+                    "model FP4 compute, so it cannot honour it: use -c bf16 or an fp8 recipe "
+                    "(fp8_cs, fp8_mx, fp8_sc)");
+    }
+    for (const Recipe& r : kFp8) {
+        if (dtype == r.flag) {
+            m.bf16 = true;
+            m.fp16 = false;
+            m.fp8 = std::string(r.fp8);
+            m.fp8_recipe = std::string(r.fp8_recipe);
+            return;
+        }
+    }
     if (dtype == "bf16") {
         m.bf16 = true;
         m.fp16 = false;
+        m.fp8.reset();
         return;
-    }
-    for (const Recipe& r : kLowPrecision) {
-        if (dtype == r.flag) {
-            throw Error(ErrorKind::kUsage,
-                        fmt::format("-c/--compute_dtype {} selects Bridge's {}; EPO does not model "
-                                    "FP8/FP4 compute yet (its cost model and runtime are bf16), "
-                                    "so it cannot honour it: use -c bf16",
-                                    dtype, r.bridge_recipe));
-        }
     }
     throw Error(ErrorKind::kUsage,
                 fmt::format("-c/--compute_dtype takes bf16, fp8_cs, fp8_mx, fp8_sc or nvfp4, got "
