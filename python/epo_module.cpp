@@ -111,11 +111,9 @@ py::object plan(const py::object& config, const std::optional<std::string>& gpu,
         throw epo::Error(epo::ErrorKind::kConfig,
                          "the configuration is invalid:\n" + epo::config::format_findings(report));
     }
-    // As `epo plan` without hardware flags: the device of env.gpu and its default efficiencies.
-    epo::plan::PlanOptions options;
-    options.hardware = epo::plan::resolve_hardware(report.config.env.gpu, {});
-    options.params = epo::plan::default_params(options.hardware.device);
-    return from_json(epo::plan::plan_to_json(epo::plan::make_plan(report.config, options)));
+    // As `epo plan` without hardware flags.
+    return from_json(epo::plan::plan_to_json(
+        epo::plan::make_plan(report.config, epo::plan::plan_options(report.config))));
 }
 
 py::object load_run(const py::object& run_dir) {

@@ -120,23 +120,10 @@ void run_plan(const PlanArgs& args) {
                               given(args, "--inter_node_gbps", args.inter_node_gbps),
                               given(args, "--latency_us", args.latency_us)};
     const bool network_given = o.intra_node_gbps || o.inter_node_gbps || o.latency_us;
-    plan::PlanOptions options;
-    options.hardware = plan::resolve_hardware(cfg.env.gpu, o);
-    options.params = plan::default_params(options.hardware.device);
-    if (!args.calibration.empty())
-        plan::apply_calibration(plan::read_calibration(args.calibration), options.hardware,
-                                options.params);
-    // On this machine, the link model the configuration sets (comm.link.*) is the network.
-    const config::LinkConfig& link = cfg.comm.link;
-    if (options.hardware.device.id == "cpu" && !network_given &&
-        (link.inter_node_gbps.value_or(0) > 0 || link.intra_node_gbps.value_or(0) > 0)) {
-        plan::NetworkSpec& n = options.hardware.network;
-        n.inter_node_gbps = link.inter_node_gbps.value_or(0) > 0 ? *link.inter_node_gbps : 1e6;
-        n.intra_node_gbps = link.intra_node_gbps.value_or(0) > 0 ? *link.intra_node_gbps : 1e6;
-        n.latency_us = link.latency_us.value_or(0);
-        n.source = "comm.link.* of the configuration (the link model)";
-        options.params.link_efficiency = 1;  // the link model holds exactly its time
-    }
+    const std::optional<plan::Calibration> calibration =
+        args.calibration.empty() ? std::nullopt
+                                 : std::optional(plan::read_calibration(args.calibration));
+    plan::PlanOptions options = plan::plan_options(cfg, o, calibration ? &*calibration : nullptr);
     options.expert_load = expert_load;
     options.comm_compute_ratio = given(args, "--comm_compute_ratio", args.comm_compute_ratio);
     if (!options.comm_compute_ratio && proxy && !network_given)

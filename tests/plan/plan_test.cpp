@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "epo/config/builder.h"
+#include "epo/config/recipes.h"
 #include "epo/config/validate.h"
 #include "epo/core/error.h"
 #include "epo/schedule/critical_path.h"
@@ -645,6 +646,35 @@ TEST(PlanCost, MultiTokenPredictionAddsItsLayerAndHeadToTheOutput) {
     const double layer = flops(node_work(none, pre)) + flops(node_work(none, mlp));
     const double proj = 2.0 * 4096 * 2048 * 4096;
     EXPECT_NEAR(flops(node_work(mtp, out)), 2 * head + layer + proj, 1e-6 * head);
+}
+
+}  // namespace
+}  // namespace epo::plan
+
+namespace epo::plan {
+namespace {
+
+// The options `epo plan` and Python's epo.plan share: on this machine the configuration's link
+// model is the network (held exactly: efficiency 1) unless a network is given; on a GPU the
+// family's network and efficiencies.
+TEST(PlanOptions, TheLinkModelIsTheNetworkOnCpuUnlessOneIsGiven) {
+    config::Config c = config::make_recipe("tiny-moe");
+    c.comm.link.inter_node_gbps = 7.5;
+    c.comm.link.latency_us = 3;
+    PlanOptions o = plan_options(c);
+    EXPECT_EQ(o.hardware.network.inter_node_gbps, 7.5);
+    EXPECT_EQ(o.hardware.network.intra_node_gbps, 1e6);
+    EXPECT_EQ(o.hardware.network.latency_us, 3);
+    EXPECT_EQ(o.params.link_efficiency, 1);
+    HardwareOverrides given;
+    given.inter_node_gbps = 100;
+    o = plan_options(c, given);
+    EXPECT_EQ(o.hardware.network.inter_node_gbps, 100);
+    EXPECT_NE(o.params.link_efficiency, 1);
+    c.env.gpu = "h100";
+    o = plan_options(c);
+    EXPECT_EQ(o.hardware.device.id, "h100");
+    EXPECT_NE(o.hardware.network.inter_node_gbps, 7.5);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "epo/config/memory_estimate.h"
 #include "epo/config/pipeline_layout.h"
 #include "epo/core/error.h"
+#include "epo/plan/calibration.h"
 #include "epo/plan/gpu_memory.h"
 #include "epo/plan/plan_notes.h"
 #include "epo/schedule/critical_path.h"
@@ -418,6 +419,28 @@ ScheduleEstimate estimate_schedule(const config::Config& cfg, const Hardware& hw
         worst.tflops_per_gpu *= (worst.step_time_s - bubble) / worst.step_time_s;
     }
     return worst;
+}
+
+PlanOptions plan_options(const config::Config& cfg, const HardwareOverrides& overrides,
+                         const Calibration* calibration) {
+    PlanOptions options;
+    options.hardware = resolve_hardware(cfg.env.gpu, overrides);
+    options.params = default_params(options.hardware.device);
+    if (calibration)
+        apply_calibration(*calibration, options.hardware, options.params);
+    const bool network_given =
+        overrides.intra_node_gbps || overrides.inter_node_gbps || overrides.latency_us;
+    const config::LinkConfig& link = cfg.comm.link;
+    if (options.hardware.device.id == "cpu" && !network_given &&
+        (link.inter_node_gbps.value_or(0) > 0 || link.intra_node_gbps.value_or(0) > 0)) {
+        NetworkSpec& n = options.hardware.network;
+        n.inter_node_gbps = link.inter_node_gbps.value_or(0) > 0 ? *link.inter_node_gbps : 1e6;
+        n.intra_node_gbps = link.intra_node_gbps.value_or(0) > 0 ? *link.intra_node_gbps : 1e6;
+        n.latency_us = link.latency_us.value_or(0);
+        n.source = "comm.link.* of the configuration (the link model)";
+        options.params.link_efficiency = 1;
+    }
+    return options;
 }
 
 PlanResult make_plan(const config::Config& cfg, const PlanOptions& options) {

@@ -103,6 +103,15 @@ Replay replay_schedule(const std::vector<schedule::NodeCall>& calls,
                        const std::function<double(const schedule::NodeCall&)>& base_s,
                        double overlap_slowdown);
 
+struct Calibration;
+
+// The hardware and efficiencies `epo plan` (and Python's epo.plan) plan `cfg` with: the device of
+// env.gpu with `overrides` applied, the family's default efficiencies or `calibration`'s, and on
+// env.gpu=cpu without a network in `overrides`, the configuration's link model (comm.link.*) as
+// the network, which holds exactly its time (link efficiency 1).
+PlanOptions plan_options(const config::Config& cfg, const HardwareOverrides& overrides = {},
+                         const Calibration* calibration = nullptr);
+
 // `cfg` finalized and valid for its target, topology stated. kConfig for a model without
 // experts (nothing to overlap), naming the field and the fix, and for a measured expert load that
 // does not fit the model (another count of MoE layers, an imbalance above the EP size).
