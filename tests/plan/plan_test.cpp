@@ -666,11 +666,12 @@ TEST(PlanOptions, TheLinkModelIsTheNetworkOnCpuUnlessOneIsGiven) {
     EXPECT_EQ(o.hardware.network.intra_node_gbps, 1e6);
     EXPECT_EQ(o.hardware.network.latency_us, 3);
     EXPECT_EQ(o.params.link_efficiency, 1);
+    EXPECT_NE(o.hardware.network.source.find("comm.link"), std::string::npos);
     HardwareOverrides given;
     given.inter_node_gbps = 100;
     o = plan_options(c, given);
     EXPECT_EQ(o.hardware.network.inter_node_gbps, 100);
-    EXPECT_NE(o.params.link_efficiency, 1);
+    EXPECT_EQ(o.hardware.network.source.find("comm.link"), std::string::npos);
     c.env.gpu = "h100";
     o = plan_options(c);
     EXPECT_EQ(o.hardware.device.id, "h100");
