@@ -1,26 +1,16 @@
 #include "epo/schedule/pipeline_schedule.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
 #include <stdexcept>
-#include <tuple>
 
 namespace epo::schedule {
 namespace {
 
 int num_layers(const PipelineShape& s) {
     return static_cast<int>(s.moe_layers.size());
-}
-int layers_per_chunk(const PipelineShape& s) {
-    return num_layers(s) / (s.num_stages * s.num_chunks);
-}
-bool holds_embedding(const PipelineShape& s, int stage, int chunk) {
-    return stage == 0 && chunk == 0;
-}
-bool holds_output(const PipelineShape& s, int stage, int chunk) {
-    return stage == s.num_stages - 1 && chunk == s.num_chunks - 1;
 }
 
 // Unit k of a stage (header formula).
@@ -31,193 +21,148 @@ PipelineUnit unit_of(const PipelineShape& s, int k, bool forward) {
     return PipelineUnit{group * P + within % P, forward ? chunk : V - 1 - chunk};
 }
 
-// What a stage has received (or made itself): the tick a unit's input became available.
-// Key: (forward, micro-batch, chunk).
-using Inputs = std::map<std::tuple<bool, int, int>, int>;
+void check_layout(const PipelineShape& s) {
+    const int L = num_layers(s);
+    if (s.layout.empty()) {
+        if (L % (s.num_stages * s.num_chunks) != 0) {
+            throw std::invalid_argument(fmt::format(
+                "pipeline shape: {} layers do not split into PP {} x VPP {} equal chunks", L,
+                s.num_stages, s.num_chunks));
+        }
+        return;
+    }
+    if (s.layout.size() != static_cast<size_t>(s.num_stages)) {
+        throw std::invalid_argument(fmt::format("pipeline layout: {} stages given for PP {}",
+                                                s.layout.size(), s.num_stages));
+    }
+    int next = 0;  // layers are consecutive in (chunk, stage) order
+    for (int c = 0; c < s.num_chunks; ++c) {
+        for (int st = 0; st < s.num_stages; ++st) {
+            const auto& chunks = s.layout[static_cast<size_t>(st)];
+            if (chunks.size() != static_cast<size_t>(s.num_chunks)) {
+                throw std::invalid_argument(
+                    fmt::format("pipeline layout: stage {} has {} model chunks for VPP {}", st,
+                                chunks.size(), s.num_chunks));
+            }
+            const ChunkLayers& r = chunks[static_cast<size_t>(c)];
+            if (r.first != next || r.end < r.first) {
+                throw std::invalid_argument(fmt::format(
+                    "pipeline layout: stage {} chunk {} holds layers [{}, {}), expected a range "
+                    "starting at layer {}",
+                    st, c, r.first, r.end, next));
+            }
+            next = r.end;
+        }
+    }
+    if (next != L) {
+        throw std::invalid_argument(
+            fmt::format("pipeline layout: the chunks hold {} layers of {}", next, L));
+    }
+}
 
-struct Emitter {
-    const PipelineShape& shape;
-    std::vector<std::vector<NodeCall>> calls;  // [stage]
-    std::vector<Inputs> inputs;                // [stage]
-    int tick = 0;
+// The positions stage `stage` holds, highest first (backward order).
+std::vector<int> stage_positions(const PipelineShape& s, int stage) {
+    std::vector<int> out;
+    if (stage == s.num_stages - 1)
+        out.push_back(num_layers(s));
+    for (int c = s.num_chunks - 1; c >= 0; --c) {
+        const ChunkLayers r = chunk_layers(s, stage, c);
+        for (int l = r.end - 1; l >= r.first; --l)
+            out.push_back(l);
+    }
+    if (stage == 0)
+        out.push_back(-1);
+    return out;
+}
 
-    void add(int stage, int chunk, int mb, int layer, NodeKind node, Phase phase,
-             bool delayed = false) {
-        NodeCall c{mb, layer, node, phase, delayed, -1};
-        c.stage = stage;
-        c.chunk = chunk;
-        calls[static_cast<size_t>(stage)].push_back(c);
+void check_bucket_ends(const PipelineShape& s, const std::vector<std::vector<int>>& all,
+                       const char* name) {
+    if (all.empty())
+        return;
+    if (all.size() != static_cast<size_t>(s.num_stages)) {
+        throw std::invalid_argument(
+            fmt::format("{}: {} stages given for PP {}", name, all.size(), s.num_stages));
     }
-    bool moe(int layer) const { return shape.moe_layers[static_cast<size_t>(layer)]; }
-
-    bool ready(int stage, const PipelineUnit& u, bool forward) const {
-        const auto& in = inputs[static_cast<size_t>(stage)];
-        const auto it = in.find({forward, u.micro_batch, u.chunk});
-        return it != in.end() && it->second < tick;
-    }
-    // The activations x[end] go to the next stage's chunk (the ring's next chunk after the last
-    // stage); the transfer is appended to both lists at once (header: deadlock freedom).
-    void send_forward(int stage, const PipelineUnit& u, int position) {
-        const int P = shape.num_stages;
-        const int to = (stage + 1) % P, to_chunk = stage == P - 1 ? u.chunk + 1 : u.chunk;
-        add(stage, u.chunk, u.micro_batch, position, NodeKind::kSendForward, Phase::kForward);
-        add(to, to_chunk, u.micro_batch, position, NodeKind::kRecvForward, Phase::kForward);
-        inputs[static_cast<size_t>(to)][{true, u.micro_batch, to_chunk}] = tick;
-    }
-    void send_backward(int stage, const PipelineUnit& u, int position) {
-        const int P = shape.num_stages;
-        const int to = (stage + P - 1) % P, to_chunk = stage == 0 ? u.chunk - 1 : u.chunk;
-        add(stage, u.chunk, u.micro_batch, position, NodeKind::kSendBackward, Phase::kBackward);
-        add(to, to_chunk, u.micro_batch, position, NodeKind::kRecvBackward, Phase::kBackward);
-        inputs[static_cast<size_t>(to)][{false, u.micro_batch, to_chunk}] = tick;
-    }
-
-    void forward_alone(int s, const PipelineUnit& u) {
-        const ChunkLayers c = chunk_layers(shape, s, u.chunk);
-        const int mb = u.micro_batch;
-        if (holds_embedding(shape, s, u.chunk))
-            add(s, u.chunk, mb, -1, NodeKind::kEmbedding, Phase::kForward);
-        for (int l = c.first; l < c.end; ++l) {
-            add(s, u.chunk, mb, l, NodeKind::kPreDispatch, Phase::kForward);
-            if (moe(l))
-                add(s, u.chunk, mb, l, NodeKind::kDispatch, Phase::kForward);
-            add(s, u.chunk, mb, l, NodeKind::kMlp, Phase::kForward);
-            if (moe(l))
-                add(s, u.chunk, mb, l, NodeKind::kCombine, Phase::kForward);
+    for (int st = 0; st < s.num_stages; ++st) {
+        const std::vector<int>& ends = all[static_cast<size_t>(st)];
+        if (ends.empty())
+            continue;
+        const std::vector<int> positions = stage_positions(s, st);
+        // Each end is a position of the stage, in the stage's backward order, the last its lowest.
+        size_t at = 0;
+        bool ok = ends.back() == positions.back();
+        for (int e : ends) {
+            while (at < positions.size() && positions[at] != e)
+                ++at;
+            ok = ok && at < positions.size();
+            ++at;
         }
-        finish_forward(s, u, c);
-    }
-    void finish_forward(int s, const PipelineUnit& u, const ChunkLayers& c) {
-        if (holds_output(shape, s, u.chunk)) {
-            add(s, u.chunk, u.micro_batch, -1, NodeKind::kOutput, Phase::kForward);
-            // The output position's backward needs nothing from another stage.
-            inputs[static_cast<size_t>(s)][{false, u.micro_batch, u.chunk}] = -1;
-        } else {
-            send_forward(s, u, c.end);
+        if (!ok) {
+            throw std::invalid_argument(
+                fmt::format("{} [{}] must run strictly down from at most {} to {}{}", name,
+                            fmt::join(ends, ", "), positions.front(), positions.back(),
+                            s.num_stages > 1 ? fmt::format(" over stage {}'s positions", st) : ""));
         }
     }
-    // Weight gradients are part of each backward call outside the merged steps (schedule.h).
-    void backward_alone(int s, const PipelineUnit& u) {
-        const ChunkLayers c = chunk_layers(shape, s, u.chunk);
-        const int mb = u.micro_batch;
-        if (holds_output(shape, s, u.chunk))
-            add(s, u.chunk, mb, -1, NodeKind::kOutput, Phase::kBackward);
-        for (int l = c.end - 1; l >= c.first; --l) {
-            if (moe(l))
-                add(s, u.chunk, mb, l, NodeKind::kCombine, Phase::kBackward);
-            add(s, u.chunk, mb, l, NodeKind::kMlp, Phase::kBackward);
-            if (moe(l))
-                add(s, u.chunk, mb, l, NodeKind::kDispatch, Phase::kBackward);
-            add(s, u.chunk, mb, l, NodeKind::kPreDispatch, Phase::kBackward);
-        }
-        if (holds_embedding(shape, s, u.chunk)) {
-            add(s, u.chunk, mb, -1, NodeKind::kEmbedding, Phase::kBackward);
-        } else {
-            send_backward(s, u, c.first);
-        }
-    }
-    // A merged step: schedule.h's ten-step pair order over the chunk's layers, layer first + j of
-    // the forward with layer end - 1 - j of the backward (both chunks hold the same number).
-    void combined(int s, const PipelineUnit& fu, const PipelineUnit& bu) {
-        const ChunkLayers fc = chunk_layers(shape, s, fu.chunk);
-        const ChunkLayers bc = chunk_layers(shape, s, bu.chunk);
-        const int f = fu.micro_batch, b = bu.micro_batch, cf = fu.chunk, cb = bu.chunk;
-        const bool delay = shape.delay_wgrad;
-        if (holds_embedding(shape, s, cf))
-            add(s, cf, f, -1, NodeKind::kEmbedding, Phase::kForward);
-        if (holds_output(shape, s, cb))
-            add(s, cb, b, -1, NodeKind::kOutput, Phase::kBackward);
-        for (int j = 0; j < fc.end - fc.first; ++j) {
-            const int fl = fc.first + j, bl = bc.end - 1 - j;
-            if (moe(bl))
-                add(s, cb, b, bl, NodeKind::kCombine, Phase::kBackward);  // 1
-            add(s, cf, f, fl, NodeKind::kPreDispatch, Phase::kForward);   // 2
-            add(s, cb, b, bl, NodeKind::kMlp, Phase::kBackward, delay);   // 3
-            if (moe(fl))
-                add(s, cf, f, fl, NodeKind::kDispatch, Phase::kForward);  // 4
-            if (delay)
-                add(s, cb, b, bl, NodeKind::kMlp, Phase::kBackwardDw);  // 5
-            if (moe(bl))
-                add(s, cb, b, bl, NodeKind::kDispatch, Phase::kBackward);  // 6
-            add(s, cf, f, fl, NodeKind::kMlp, Phase::kForward);            // 7
-            if (moe(fl))
-                add(s, cf, f, fl, NodeKind::kCombine, Phase::kForward);          // 8
-            add(s, cb, b, bl, NodeKind::kPreDispatch, Phase::kBackward, delay);  // 9
-            if (delay && bl != bc.first)
-                add(s, cb, b, bl, NodeKind::kPreDispatch, Phase::kBackwardDw);  // 10
-        }
-        finish_forward(s, fu, fc);
-        if (holds_embedding(shape, s, cb))
-            add(s, cb, b, -1, NodeKind::kEmbedding, Phase::kBackward);
-        // The chunk's first layer's delayed attention wgrad after the chunk, as schedule.h's
-        // combined step does; before the gradient's send, which waits for the micro-batch's
-        // previous call (executor.h) either way.
-        if (delay && bc.end > bc.first)
-            add(s, cb, b, bc.first, NodeKind::kPreDispatch, Phase::kBackwardDw);
-        if (!holds_embedding(shape, s, cb))
-            send_backward(s, bu, bc.first);
-    }
-
-    bool step_ready(int s, const PipelineStep& st) const {
-        const bool f = !st.has_forward || holds_embedding(shape, s, st.forward.chunk) ||
-                       ready(s, st.forward, true);
-        const bool b = !st.has_backward || ready(s, st.backward, false);
-        return f && b;
-    }
-    void emit(int s, const PipelineStep& st) {
-        if (st.has_forward && st.has_backward && shape.overlap) {
-            combined(s, st.forward, st.backward);
-            return;
-        }
-        if (st.has_forward)
-            forward_alone(s, st.forward);
-        if (st.has_backward)
-            backward_alone(s, st.backward);
-    }
-};
+}
 
 }  // namespace
 
 void check_pipeline_shape(const PipelineShape& s) {
-    const int L = num_layers(s);
     if (s.num_stages < 1 || s.num_chunks < 1 || s.num_micro_batches < 1) {
         throw std::invalid_argument(fmt::format(
             "pipeline shape: stages {}, chunks {} and micro-batches {} must each be at least 1",
             s.num_stages, s.num_chunks, s.num_micro_batches));
     }
-    if (L % (s.num_stages * s.num_chunks) != 0) {
-        throw std::invalid_argument(
-            fmt::format("pipeline shape: {} layers do not split into PP {} x VPP {} equal chunks",
-                        L, s.num_stages, s.num_chunks));
+    if (s.num_moe_chunks < 1) {
+        throw std::invalid_argument(fmt::format(
+            "num_moe_chunks {} must be at least 1 (1: whole micro-batches)", s.num_moe_chunks));
     }
+    check_layout(s);
     if (s.num_chunks > 1 && s.num_micro_batches % s.num_stages != 0) {
         throw std::invalid_argument(
             fmt::format("pipeline shape: the interleaved schedule runs micro-batches in groups "
                         "of PP = {}, and {} is not a multiple of it",
                         s.num_stages, s.num_micro_batches));
     }
+    check_bucket_ends(s, s.stage_grad_bucket_ends, "grad_bucket_ends");
+    check_bucket_ends(s, s.stage_param_bucket_ends, "param_bucket_ends");
 }
 
 ChunkLayers chunk_layers(const PipelineShape& s, int stage, int chunk) {
-    const int n = layers_per_chunk(s);
+    if (!s.layout.empty())
+        return s.layout.at(static_cast<size_t>(stage)).at(static_cast<size_t>(chunk));
+    const int n = num_layers(s) / (s.num_stages * s.num_chunks);
     const int block = chunk * s.num_stages + stage;
     return ChunkLayers{block * n, (block + 1) * n};
 }
 
-int stage_of_position(const PipelineShape& s, int position) {
+namespace {
+
+// The (stage, chunk) holding position p (header).
+std::pair<int, int> holder_of(const PipelineShape& s, int position) {
     if (position < 0)
-        return 0;
+        return {0, 0};
     if (position >= num_layers(s))
-        return s.num_stages - 1;
-    return (position / layers_per_chunk(s)) % s.num_stages;
+        return {s.num_stages - 1, s.num_chunks - 1};
+    for (int c = 0; c < s.num_chunks; ++c) {
+        for (int st = 0; st < s.num_stages; ++st) {
+            const ChunkLayers r = chunk_layers(s, st, c);
+            if (position >= r.first && position < r.end)
+                return {st, c};
+        }
+    }
+    throw std::invalid_argument(fmt::format("pipeline layout: no chunk holds layer {}", position));
+}
+
+}  // namespace
+
+int stage_of_position(const PipelineShape& s, int position) {
+    return holder_of(s, position).first;
 }
 
 int chunk_of_position(const PipelineShape& s, int position) {
-    if (position < 0)
-        return 0;
-    if (position >= num_layers(s))
-        return s.num_chunks - 1;
-    return (position / layers_per_chunk(s)) / s.num_stages;
+    return holder_of(s, position).second;
 }
 
 int num_warmup_units(const PipelineShape& s, int stage) {
@@ -233,6 +178,8 @@ int num_warmup_units(const PipelineShape& s, int stage) {
     }
     if (s.overlap)
         ++w;
+    if (s.overlap && s.pair_edges)
+        ++w;
     return std::min(w, total);
 }
 
@@ -240,61 +187,40 @@ std::vector<PipelineStep> stage_steps(const PipelineShape& s, int stage) {
     check_pipeline_shape(s);
     const int total = s.num_micro_batches * s.num_chunks;
     const int w = num_warmup_units(s, stage);
+    const bool pair = s.overlap && s.pair_edges;
     std::vector<PipelineStep> steps;
-    for (int k = 0; k < w; ++k)
-        steps.push_back({.has_forward = true, .forward = unit_of(s, k, true)});
+    // Warm-up forwards, two by two from the first when paired (same model chunk only).
+    for (int k = 0; k < w; ++k) {
+        PipelineStep st{.has_forward = true, .forward = unit_of(s, k, true)};
+        if (pair && k + 1 < w && unit_of(s, k + 1, true).chunk == st.forward.chunk) {
+            st.paired = true;
+            st.second = unit_of(s, ++k, true);
+        }
+        steps.push_back(st);
+    }
     for (int i = 0; i + w < total; ++i) {
         steps.push_back({.has_forward = true,
                          .has_backward = true,
                          .forward = unit_of(s, w + i, true),
                          .backward = unit_of(s, i, false)});
     }
-    for (int k = std::max(total - w, 0); k < total; ++k)
-        steps.push_back({.has_backward = true, .backward = unit_of(s, k, false)});
+    // Cool-down backwards, two by two up to the last when paired.
+    const int first = std::max(total - w, 0);
+    std::vector<PipelineStep> cool;
+    for (int k = total - 1; k >= first; --k) {
+        const PipelineUnit u = unit_of(s, k, false);
+        if (pair && k - 1 >= first && unit_of(s, k - 1, false).chunk == u.chunk) {
+            cool.push_back({.has_backward = true,
+                            .backward = unit_of(s, k - 1, false),
+                            .paired = true,
+                            .second = u});
+            --k;
+        } else {
+            cool.push_back({.has_backward = true, .backward = u});
+        }
+    }
+    steps.insert(steps.end(), cool.rbegin(), cool.rend());
     return steps;
-}
-
-std::vector<std::vector<NodeCall>> pipeline_schedules(const PipelineShape& shape) {
-    check_pipeline_shape(shape);
-    const auto P = static_cast<size_t>(shape.num_stages);
-    std::vector<std::vector<PipelineStep>> steps(P);
-    for (size_t s = 0; s < P; ++s) {
-        // Emitted one unit per tick, unless merged: a baseline step's backward may need what
-        // its forward has just sent on (the last stage's own output, another stage's reply).
-        for (const PipelineStep& st : stage_steps(shape, static_cast<int>(s))) {
-            if (st.has_forward && st.has_backward && !shape.overlap) {
-                steps[s].push_back({.has_forward = true, .forward = st.forward});
-                steps[s].push_back({.has_backward = true, .backward = st.backward});
-            } else {
-                steps[s].push_back(st);
-            }
-        }
-    }
-    Emitter e{shape, std::vector<std::vector<NodeCall>>(P), std::vector<Inputs>(P)};
-    std::vector<size_t> next(P, 0);
-    const auto done = [&] {
-        for (size_t s = 0; s < P; ++s)
-            if (next[s] < steps[s].size())
-                return false;
-        return true;
-    };
-    for (; !done(); ++e.tick) {
-        bool progressed = false;
-        for (size_t s = 0; s < P; ++s) {
-            if (next[s] < steps[s].size() && e.step_ready(static_cast<int>(s), steps[s][next[s]])) {
-                e.emit(static_cast<int>(s), steps[s][next[s]]);
-                ++next[s];
-                progressed = true;
-            }
-        }
-        if (!progressed) {
-            // A unit order whose inputs never arrive: a bug in stage_steps, not bad input.
-            throw std::logic_error(fmt::format(
-                "pipeline schedule (PP {}, VPP {}, {} micro-batches) is stuck at tick {}",
-                shape.num_stages, shape.num_chunks, shape.num_micro_batches, e.tick));
-        }
-    }
-    return e.calls;
 }
 
 double ideal_bubble_fraction(const PipelineShape& s) {
