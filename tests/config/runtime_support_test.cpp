@@ -63,17 +63,6 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.pipeline_model_parallel_size = 2;
              c.model.share_embeddings_and_output_weights = true;
          }},
-        {"RT029",
-         [](Config& c) {
-             c.model.pipeline_model_parallel_size = 2;
-             c.model.moe_ep_overlap_num_chunks = 2;
-         }},
-        {"RT030",
-         [](Config& c) {
-             c.model.pipeline_model_parallel_size = 2;
-             c.model.overlap_moe_expert_parallel_comm = true;
-             c.model.moe_ep_overlap_pair_edges = true;
-         }},
         {"RT031", [](Config& c) { c.model.account_for_loss_in_pipeline_split = true; }},
         {"RT032", [](Config& c) { c.model.fp8 = "e4m3"; }},
         {"RT033",
@@ -147,7 +136,7 @@ TEST(RuntimeSupport, ACapabilityThatLandsDropsItsId) {
 }
 
 TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines) {
-    for (const char* id : {"RT002", "RT010", "RT020", "RT024"}) {
+    for (const char* id : {"RT002", "RT010", "RT020", "RT024", "RT031"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);
@@ -156,7 +145,7 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines
 }
 
 TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
-    for (const char* id : {"RT027", "RT028", "RT029", "RT030", "RT033"}) {
+    for (const char* id : {"RT027", "RT028", "RT033"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

@@ -48,6 +48,7 @@ struct Case {
     int layers;
     int vpp;  // 0: unset
     bool capacity;
+    std::string layout = "";  // model.pipeline_model_parallel_layout with stages; "": even
 };
 
 // tiny-moe on `ranks` ranks with PP `pp`; EP = ranks / PP, 4 micro-batches of 2 sequences.
@@ -66,6 +67,8 @@ config::Config pipeline_config(const Case& c, int ranks, int pp, std::vector<std
                                   "model.pipeline_model_parallel_size=" + std::to_string(pp)};
     if (pp > 1 && c.vpp > 0)
         o.push_back("model.virtual_pipeline_model_parallel_size=" + std::to_string(c.vpp));
+    if (pp > 1 && !c.layout.empty())
+        o.push_back("model.pipeline_model_parallel_layout=" + c.layout);
     if (c.capacity) {
         o.insert(o.end(),
                  {"model.moe_expert_capacity_factor=1.0", "model.moe_token_drop_policy=probs",
@@ -130,7 +133,9 @@ void check_stages(const Case& c, int pp) {
     const int stage = rank / stage_size;
     EXPECT_EQ(baseline.params.count("embedding.word_embeddings.weight"), stage == 0 ? 1u : 0u);
     EXPECT_EQ(baseline.params.count("output_layer.weight"), stage == pp - 1 ? 1u : 0u);
-    // EP overlap needs EP > 1 (EP001).
+    // EP overlap needs EP > 1 (EP001). Every way the one emitter runs a step, with stages: the
+    // combined steps, delayed wgrad, MoE chunks, paired edges, and bucketed reductions and
+    // gathers (DP 2 at 4 ranks), each bit-identical to the baseline.
     if (c.vpp > 1 && stage_size >= 2) {
         const config::Config o = pipeline_config(c, world, pp, overlap);
         const config::Config d = pipeline_config(c, world, pp, delayed);
@@ -138,6 +143,23 @@ void check_stages(const Case& c, int pp) {
         ASSERT_TRUE(d.model.delay_wgrad_compute);
         expect_same_bits(baseline, run_on(o, MPI_COMM_WORLD, kSteps), label + " overlap");
         expect_same_bits(baseline, run_on(d, MPI_COMM_WORLD, kSteps), label + " overlap + delay");
+        const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
+            {"chunks", {"model.moe_ep_overlap_num_chunks=2"}},
+            {"paired edges", {"model.moe_ep_overlap_pair_edges=true"}},
+            {"paired edges + chunks + delay",
+             {"model.moe_ep_overlap_pair_edges=true", "model.moe_ep_overlap_num_chunks=2",
+              "comm_overlap.delay_wgrad_compute=true"}},
+            {"buckets",
+             {"ddp.overlap_grad_reduce=true", "ddp.use_distributed_optimizer=true",
+              "ddp.overlap_param_gather=true", "ddp.bucket_size=40000"}}};
+        for (const auto& [name, extra] : variants) {
+            std::vector<std::string> v = overlap;
+            v.insert(v.end(), extra.begin(), extra.end());
+            const config::Config cfg = pipeline_config(c, world, pp, v);
+            if (name == "buckets")
+                ASSERT_TRUE(cfg.ddp.overlap_grad_reduce);
+            expect_same_bits(baseline, run_on(cfg, MPI_COMM_WORLD, kSteps), label + " " + name);
+        }
     }
 }
 
@@ -146,18 +168,21 @@ TEST_P(PipelineMatrix, BitIdenticalToOneStageAndOverlapToBaseline) {
     const int world = comm::current_world_size();
     check_stages(GetParam(), 2);
     const Case c = GetParam();
-    if (world >= 8 && world % 4 == 0 && c.layers % (4 * std::max(c.vpp, 1)) == 0)
+    if (world >= 8 && world % 4 == 0 && c.layout.empty() &&
+        c.layers % (4 * std::max(c.vpp, 1)) == 0)
         check_stages(c, 4);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
     return std::to_string(info.param.layers) + "layers_vpp" + std::to_string(info.param.vpp) +
-           (info.param.capacity ? "_capacity" : "_dropless");
+           (info.param.capacity ? "_capacity" : "_dropless") +
+           (info.param.layout.empty() ? "" : "_uneven");
 }
 
 INSTANTIATE_TEST_SUITE_P(Pipeline, PipelineMatrix,
                          ::testing::Values(Case{4, 0, false}, Case{4, 2, false}, Case{4, 2, true},
-                                           Case{8, 2, false}, Case{8, 0, true}),
+                                           Case{8, 2, false}, Case{8, 0, true},
+                                           Case{6, 2, false, "Et|tt|tt|tL"}),
                          case_name);
 
 // The trace of an overlap run with stages: on every rank, a comm slice of one (micro-batch,

@@ -304,8 +304,9 @@ TEST(StepPlan, RefusesATopologyWithoutWholeGroups) {
     EXPECT_THROW(make_step_plan(c, shape), Error);
 }
 
-// PP 2 on 4 ranks: per-stage groups (DP 2, EDP 1 with EP 2), the stage's pipeline lists, no
-// buckets; a micro-batch count the interleaved schedule cannot group is refused naming it.
+// PP 2 on 4 ranks: per-stage groups (DP 2, EDP 1 with EP 2), the stage's pipeline lists, and
+// buckets over the stage's own positions, reduced in its lists; a micro-batch count the
+// interleaved schedule cannot group is refused naming it.
 TEST(StepPlan, PipelineStagesPlanTheirOwnLists) {
     const RecipeTopology t{"tiny-moe", 1, 4, 2};
     config::Config c = finalized(t, Kind::kBaseline, {"ddp.overlap_grad_reduce=true"});
@@ -313,25 +314,33 @@ TEST(StepPlan, PipelineStagesPlanTheirOwnLists) {
     c.model.virtual_pipeline_model_parallel_size = 1;
     c.model.num_layers = 4;
     c.model.expert_model_parallel_size = 2;
-    model::GptShape shape = model::gpt_shape_from_config(c, 2, 0);
-    shape.pipeline_size = 2;
-    shape.pipeline_rank = 1;
+    const model::GptShape shape = model::gpt_shape_from_config(c, 2, 0, 1);
     const StepPlan plan = make_step_plan(c, shape);
     EXPECT_EQ(plan.dp_size, 2);
     EXPECT_EQ(plan.edp_size, 1);
-    EXPECT_FALSE(plan.reduce_in_buckets);
-    EXPECT_TRUE(plan.buckets.empty());
+    EXPECT_TRUE(plan.reduce_in_buckets);
+    ASSERT_FALSE(plan.buckets.empty());
+    std::vector<int> positions;
+    for (const PlanBucket& b : plan.buckets)
+        positions.insert(positions.end(), b.positions.begin(), b.positions.end());
+    EXPECT_EQ(positions, (std::vector<int>{4, 3, 2}));  // the output position, layers 3 and 2
     ASSERT_EQ(plan.stage_calls.size(), 2u);
     EXPECT_EQ(plan.calls, plan.stage_calls[1]);
+    int reductions = 0;
     for (const schedule::NodeCall& call : plan.calls) {
         EXPECT_EQ(call.stage, 1);
+        if (call.node == schedule::NodeKind::kGradReduce)
+            ++reductions;
+        if (schedule::is_side_branch(call.node))
+            continue;
         EXPECT_TRUE(call.layer < 0 || call.layer >= 2 || schedule::is_pipeline_transfer(call.node))
             << schedule::call_name(call);
     }
+    EXPECT_EQ(reductions, static_cast<int>(plan.buckets.size()));
     c.model.virtual_pipeline_model_parallel_size = 2;
     c.train.global_batch_size = 3 * c.train.micro_batch_size * 2;  // 3 micro-batches at DP 2
     ASSERT_EQ(config::num_microbatches(c), 3);
-    EXPECT_THROW(make_step_plan(c, shape), Error);
+    EXPECT_THROW(make_step_plan(c, model::gpt_shape_from_config(c, 2, 0, 1)), Error);
 }
 
 }  // namespace

@@ -48,12 +48,10 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             // The layouts of it that do not run have ids of their own (RT028, RT029, RT030,
-             // RT031).
+             // The layouts of it that do not run have ids of their own (RT027, RT028, RT033).
              return when(c.model.pipeline_model_parallel_size > 1 &&
                              !c.model.share_embeddings_and_output_weights &&
-                             c.model.moe_ep_overlap_num_chunks <= 1 &&
-                             !c.model.moe_ep_overlap_pair_edges && !interleaved_partial_group(c),
+                             !interleaved_partial_group(c),
                          "model.pipeline_model_parallel_size",
                          show(c.model.pipeline_model_parallel_size));
          },
@@ -223,30 +221,7 @@ const std::vector<FeatureRow>& rows() {
          },
          "set model.share_embeddings_and_output_weights=false, or "
          "model.pipeline_model_parallel_size=1"},
-        // The pipeline schedules (pipeline_schedule.h) issue whole-micro-batch calls only.
-        {{"RT029",
-          "MoE chunks with pipeline parallelism (the pipeline schedules do not split a "
-          "micro-batch's dispatch into chunks)",
-          &RC::pipeline_token_chunks},
-         [](C c) {
-             return when(
-                 c.model.pipeline_model_parallel_size > 1 && c.model.moe_ep_overlap_num_chunks > 1,
-                 "model.moe_ep_overlap_num_chunks", show(c.model.moe_ep_overlap_num_chunks));
-         },
-         "set model.moe_ep_overlap_num_chunks=1, or model.pipeline_model_parallel_size=1"},
-        // A pipeline's warm-up and cool-down are its own (pipeline_schedule.h); pairing applies
-        // to the single-stage combined schedule.
-        {{"RT030",
-          "paired edges with pipeline parallelism (the pipeline schedules keep their own warm-up "
-          "and cool-down)",
-          &RC::pipeline_pair_edges},
-         [](C c) {
-             return when(
-                 c.model.pipeline_model_parallel_size > 1 && c.model.moe_ep_overlap_pair_edges,
-                 "model.moe_ep_overlap_pair_edges", "true");
-         },
-         "set model.moe_ep_overlap_pair_edges=false, or model.pipeline_model_parallel_size=1"},
-        // The runtime's pipeline cuts the layers into PP x VPP equal blocks (gpt_model.h).
+        // Uneven splits run (config/pipeline_layout.h is the model's and the schedule's layout).
         {{"RT031",
           "uneven pipeline splits (num_layers_in_first/last_pipeline_stage, "
           "account_for_embedding/loss_in_pipeline_split, pipeline_model_parallel_layout)",
@@ -304,6 +279,7 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.fp32_training = true;          // every kernel has an f32 path (the gradient checks use it)
     caps.distributed_optimizer = true;  // train/trainer.h (ZeRO-1, with bucketed param gather)
     caps.pipeline_parallel = true;      // schedule/pipeline_schedule.h, docs/pipeline.md
+    caps.uneven_pipeline = true;        // config/pipeline_layout.h, used by model and schedule
     return caps;
 }
 

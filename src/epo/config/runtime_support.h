@@ -48,8 +48,6 @@ struct RuntimeCapabilities {
     bool flex_irregular_nodes = false;        // RT026 (RT017, flex itself, runs now)
     bool virtual_pipeline_one_stage = false;  // RT027
     bool pipeline_tied_embeddings = false;    // RT028
-    bool pipeline_token_chunks = false;       // RT029
-    bool pipeline_pair_edges = false;         // RT030
     bool uneven_pipeline = false;             // RT031
     bool fp8_training = false;                // RT032
     bool interleaved_partial_group = false;   // RT033

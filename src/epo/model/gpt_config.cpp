@@ -1,12 +1,14 @@
 // GptShape from a finalized configuration.
 #include "epo/config/config.h"
+#include "epo/config/pipeline_layout.h"
 #include "epo/model/gpt_model.h"
 #include "epo/moe/flex_layout.h"
 #include "epo/moe/moe_config.h"
 
 namespace epo::model {
 
-GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_rank) {
+GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_rank,
+                               int pipeline_rank) {
     const config::ModelConfig& m = cfg.model;
     GptShape s;
     s.num_layers = m.num_layers;
@@ -36,6 +38,17 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
     s.tie_embeddings = m.share_embeddings_and_output_weights;
     s.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
     s.compute_dtype = m.bf16 ? DType::kBF16 : DType::kF32;
+    const config::PipelineLayout layout = config::pipeline_layout(m);
+    s.pipeline_size = layout.num_stages;
+    s.virtual_pipeline_size = layout.num_chunks;
+    s.pipeline_rank = pipeline_rank;
+    if (layout.num_stages * layout.num_chunks > 1) {
+        for (const auto& stage : layout.chunks) {
+            auto& out = s.pipeline_chunks.emplace_back();
+            for (const config::ModelChunk& c : stage)
+                out.push_back(LayerRange{c.first_layer, c.first_layer + c.num_layers});
+        }
+    }
     return s;
 }
 

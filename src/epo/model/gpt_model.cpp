@@ -86,9 +86,13 @@ GptModel::GptModel(const GptShape& shape)
     const DType cd = shape.compute_dtype;
     EPO_CHECK(shape.pipeline_size >= 1 && shape.virtual_pipeline_size >= 1 &&
                   shape.pipeline_rank >= 0 && shape.pipeline_rank < shape.pipeline_size &&
-                  shape.num_layers % (shape.pipeline_size * shape.virtual_pipeline_size) == 0,
-              "{} layers on stage {} of PP {} x VPP {}", shape.num_layers, shape.pipeline_rank,
-              shape.pipeline_size, shape.virtual_pipeline_size);
+                  (shape.pipeline_chunks.empty()
+                       ? shape.pipeline_size * shape.virtual_pipeline_size == 1
+                       : shape.pipeline_chunks.size() ==
+                             static_cast<size_t>(shape.pipeline_size)),
+              "{} layers on stage {} of PP {} x VPP {} ({} stages laid out)", shape.num_layers,
+              shape.pipeline_rank, shape.pipeline_size, shape.virtual_pipeline_size,
+              shape.pipeline_chunks.size());
     EPO_CHECK(shape.pipeline_size == 1 || !shape.tie_embeddings,
               "tied embeddings with pipeline parallelism (refused by RT027)");
     if (shape.holds(-1)) {

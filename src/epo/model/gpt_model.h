@@ -42,6 +42,12 @@ struct Config;
 
 namespace epo::model {
 
+// Layers [first, end) of one pipeline model chunk.
+struct LayerRange {
+    int64_t first = 0;
+    int64_t end = 0;
+};
+
 struct GptShape {
     int64_t num_layers = 0;
     int64_t hidden = 0;
@@ -61,13 +67,28 @@ struct GptShape {
     bool tie_embeddings = false;
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
-    // Pipeline parallelism (schedule/pipeline_schedule.h): P stages of V chunks, this rank's
-    // stage. Layers are cut into P V blocks of L / (P V); chunk c of stage s holds block c P + s,
-    // stage 0 the embedding, stage P-1 the output position.
+    // Pipeline parallelism (schedule/pipeline_schedule.h): P stages of V model chunks, this
+    // rank's stage, and the layers each chunk holds: config/pipeline_layout.h's layout (even,
+    // uneven first / last stages, Megatron's layout string), [stage][chunk]. Stage 0 holds the
+    // embedding, stage P-1 the output position. Empty: every layer on one stage (PP = VPP = 1).
     int pipeline_size = 1;
     int virtual_pipeline_size = 1;
     int pipeline_rank = 0;
+    std::vector<std::vector<LayerRange>> pipeline_chunks;
 
+    LayerRange chunk_layers(int stage, int chunk) const {
+        if (pipeline_chunks.empty())
+            return LayerRange{0, num_layers};
+        return pipeline_chunks.at(static_cast<size_t>(stage)).at(static_cast<size_t>(chunk));
+    }
+    // The stage holding layer l.
+    int stage_of_layer(int64_t l) const {
+        for (size_t s = 0; s < pipeline_chunks.size(); ++s)
+            for (const LayerRange& r : pipeline_chunks[s])
+                if (l >= r.first && l < r.end)
+                    return static_cast<int>(s);
+        return 0;
+    }
     // Whether this rank's stage holds model position p (-1 the embedding, 0..L-1 the layers, L
     // the output position).
     bool holds(int64_t position) const {
@@ -75,15 +96,17 @@ struct GptShape {
             return pipeline_rank == 0;
         if (position >= num_layers)
             return pipeline_rank == pipeline_size - 1;
-        const int64_t block = position / (num_layers / (pipeline_size * virtual_pipeline_size));
-        return block % pipeline_size == pipeline_rank;
+        return stage_of_layer(position) == pipeline_rank;
     }
     int64_t tokens() const { return micro_batch_size * seq_length; }
     int64_t num_local_experts() const { return moe.num_experts / ep_size; }
 };
 
-// The model shape a finalized configuration describes, for this rank's place in the EP group.
-GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_rank);
+// The model shape a finalized configuration describes, for this rank's place in the EP group and
+// the pipeline (its stage). Raises Error(kConfig) for a pipeline split the configuration cannot
+// make (config/pipeline_layout.h).
+GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_rank,
+                               int pipeline_rank = 0);
 
 // Activations of one micro-batch at the output position: the final norm and the loss head (its
 // input is the hand-off tensor x[L]).

@@ -168,10 +168,7 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     PlanModel m;
     const config::ModelConfig& mc = cfg.model;
     m.ep_size = std::max(1, mc.expert_model_parallel_size);
-    m.shape = model::gpt_shape_from_config(cfg, m.ep_size, 0);
-    m.shape.pipeline_size = mc.pipeline_model_parallel_size;
-    m.shape.virtual_pipeline_size = config::virtual_pipeline_size(mc);
-    m.shape.pipeline_rank = pipeline_rank;
+    m.shape = model::gpt_shape_from_config(cfg, m.ep_size, 0, pipeline_rank);
     m.compute_bytes = mc.bf16 ? 2 : 4;
     m.num_nodes = config::num_nodes(cfg.comm);
     const int per_node = config::gpus_per_node(cfg.comm);

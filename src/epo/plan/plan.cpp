@@ -294,11 +294,8 @@ config::Config stage_config(const config::Config& cfg, const config::PipelineLay
 ScheduleEstimate estimate_stage(const config::Config& full_cfg, const config::Config& cfg,
                                 const Hardware& hw, const CostParams& params, bool flex,
                                 const ExpertLoadImbalance& load, int stage) {
-    model::GptShape shape =
-        model::gpt_shape_from_config(cfg, std::max(1, cfg.model.expert_model_parallel_size), 0);
-    shape.pipeline_size = cfg.model.pipeline_model_parallel_size;
-    shape.virtual_pipeline_size = config::virtual_pipeline_size(cfg.model);
-    shape.pipeline_rank = stage;
+    const model::GptShape shape = model::gpt_shape_from_config(
+        cfg, std::max(1, cfg.model.expert_model_parallel_size), 0, stage);
     const train::StepPlan sp = train::make_step_plan(cfg, shape);
     const PlanModel pm = make_plan_model(cfg, sp, hw.device, flex, load, stage);
     const Replay r = replay_schedule(

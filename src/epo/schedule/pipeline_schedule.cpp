@@ -60,21 +60,6 @@ void check_layout(const PipelineShape& s) {
     }
 }
 
-// The positions stage `stage` holds, highest first (backward order).
-std::vector<int> stage_positions(const PipelineShape& s, int stage) {
-    std::vector<int> out;
-    if (stage == s.num_stages - 1)
-        out.push_back(num_layers(s));
-    for (int c = s.num_chunks - 1; c >= 0; --c) {
-        const ChunkLayers r = chunk_layers(s, stage, c);
-        for (int l = r.end - 1; l >= r.first; --l)
-            out.push_back(l);
-    }
-    if (stage == 0)
-        out.push_back(-1);
-    return out;
-}
-
 void check_bucket_ends(const PipelineShape& s, const std::vector<std::vector<int>>& all,
                        const char* name) {
     if (all.empty())
@@ -107,6 +92,20 @@ void check_bucket_ends(const PipelineShape& s, const std::vector<std::vector<int
 }
 
 }  // namespace
+
+std::vector<int> stage_positions(const PipelineShape& s, int stage) {
+    std::vector<int> out;
+    if (stage == s.num_stages - 1)
+        out.push_back(num_layers(s));
+    for (int c = s.num_chunks - 1; c >= 0; --c) {
+        const ChunkLayers r = chunk_layers(s, stage, c);
+        for (int l = r.end - 1; l >= r.first; --l)
+            out.push_back(l);
+    }
+    if (stage == 0)
+        out.push_back(-1);
+    return out;
+}
 
 void check_pipeline_shape(const PipelineShape& s) {
     if (s.num_stages < 1 || s.num_chunks < 1 || s.num_micro_batches < 1) {

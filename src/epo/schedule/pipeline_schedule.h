@@ -103,6 +103,9 @@ ChunkLayers chunk_layers(const PipelineShape& shape, int stage, int chunk);
 // (L) stage P-1 chunk V-1.
 int stage_of_position(const PipelineShape& shape, int position);
 int chunk_of_position(const PipelineShape& shape, int position);
+// The positions stage `stage` holds, in backward order (the output position L first on the last
+// stage, the embedding -1 last on stage 0): the order its buckets close in.
+std::vector<int> stage_positions(const PipelineShape& shape, int stage);
 
 // One (micro-batch, chunk) unit, and a step of a stage: a forward, a backward, or both.
 struct PipelineUnit {

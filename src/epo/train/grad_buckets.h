@@ -19,5 +19,10 @@ namespace epo::train {
 // `bucket_bytes` must be positive.
 std::vector<int> grad_bucket_ends(int num_layers, const std::function<int64_t(int)>& bytes_at,
                                   int64_t bucket_bytes);
+// The same over a pipeline stage's positions in backward order (schedule::stage_positions): the
+// last bucket ends at the last position.
+std::vector<int> grad_bucket_ends(const std::vector<int>& positions,
+                                  const std::function<int64_t(int)>& bytes_at,
+                                  int64_t bucket_bytes);
 
 }  // namespace epo::train

@@ -51,36 +51,20 @@ int64_t grad_bytes(const std::vector<int64_t>& sizes) {
     return bytes;
 }
 
-// PP > 1: the stage's lists from pipeline_schedule.h; the optimizer step reduces and gathers.
-StepPlan with_pipeline_schedule(StepPlan plan, const config::Config& cfg,
-                                const model::GptShape& shape) {
-    const config::ModelConfig& m = cfg.model;
-    plan.reduce_in_buckets = false;
-    plan.param_gather_overlap = false;
-    plan.shape = schedule::ScheduleShape{static_cast<int>(config::num_microbatches(cfg)),
-                                         shape.moe_layers, m.delay_wgrad_compute};
-    const schedule::PipelineShape p{.num_stages = plan.num_stages,
-                                    .num_chunks = plan.num_chunks,
-                                    .num_micro_batches = plan.shape.num_micro_batches,
-                                    .moe_layers = shape.moe_layers,
-                                    .overlap = plan.overlap,
-                                    .delay_wgrad = m.delay_wgrad_compute};
-    try {
-        plan.stage_calls = schedule::pipeline_schedules(p);
-    } catch (const std::invalid_argument& e) {
-        throw Error(
-            ErrorKind::kConfig,
-            fmt::format("step plan: {} (model.pipeline_model_parallel_size {}, "
-                        "model.virtual_pipeline_model_parallel_size {}, {} micro-batches "
-                        "per step = train.global_batch_size / (micro batch x DP)); "
-                        "choose a global batch whose micro-batch count is a multiple of "
-                        "PP",
-                        e.what(), plan.num_stages, plan.num_chunks, plan.shape.num_micro_batches));
+// The model's pipeline layout (GptShape::layer_stage, from config/pipeline_layout.h) as the
+// schedule's [stage][chunk] layer ranges.
+std::vector<std::vector<schedule::ChunkLayers>> schedule_layout(const model::GptShape& shape) {
+    std::vector<std::vector<schedule::ChunkLayers>> out(
+        static_cast<size_t>(shape.pipeline_size),
+        std::vector<schedule::ChunkLayers>(static_cast<size_t>(shape.virtual_pipeline_size)));
+    for (int s = 0; s < shape.pipeline_size; ++s) {
+        for (int c = 0; c < shape.virtual_pipeline_size; ++c) {
+            const model::LayerRange r = shape.chunk_layers(s, c);
+            out[static_cast<size_t>(s)][static_cast<size_t>(c)] =
+                schedule::ChunkLayers{static_cast<int>(r.first), static_cast<int>(r.end)};
+        }
     }
-    EPO_CHECK(shape.pipeline_rank >= 0 && shape.pipeline_rank < plan.num_stages, "stage {} of {}",
-              shape.pipeline_rank, plan.num_stages);
-    plan.calls = plan.stage_calls[static_cast<size_t>(shape.pipeline_rank)];
-    return plan;
+    return out;
 }
 
 }  // namespace
@@ -123,39 +107,77 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
     plan.param_gather_overlap = plan.distributed_optimizer && cfg.ddp.overlap_param_gather;
     plan.num_stages = m.pipeline_model_parallel_size;
     plan.num_chunks = config::virtual_pipeline_size(m);
-    if (plan.num_stages > 1)
-        return with_pipeline_schedule(plan, cfg, shape);
-    plan.shape = schedule::ScheduleShape{static_cast<int>(config::num_microbatches(cfg)),
-                                         shape.moe_layers, m.delay_wgrad_compute};
-    plan.shape.num_moe_chunks = m.moe_ep_overlap_num_chunks;  // docs/chunked-overlap.md
-    plan.shape.pair_edges = m.overlap_moe_expert_parallel_comm && m.moe_ep_overlap_pair_edges;
+    EPO_CHECK(shape.pipeline_rank >= 0 && shape.pipeline_rank < plan.num_stages &&
+                  shape.pipeline_size == plan.num_stages &&
+                  shape.virtual_pipeline_size == plan.num_chunks,
+              "the model shape (stage {} of PP {} x VPP {}) is not the configuration's (PP {} x "
+              "VPP {})",
+              shape.pipeline_rank, shape.pipeline_size, shape.virtual_pipeline_size,
+              plan.num_stages, plan.num_chunks);
+    schedule::PipelineShape p{.num_stages = plan.num_stages,
+                              .num_chunks = plan.num_chunks,
+                              .num_micro_batches = static_cast<int>(config::num_microbatches(cfg)),
+                              .moe_layers = shape.moe_layers,
+                              .overlap = plan.overlap,
+                              .delay_wgrad = plan.overlap && m.delay_wgrad_compute,
+                              .num_moe_chunks = m.moe_ep_overlap_num_chunks,
+                              .pair_edges = plan.overlap && m.moe_ep_overlap_pair_edges,
+                              .layout = schedule_layout(shape)};
+    plan.shape = schedule::ScheduleShape{p.num_micro_batches, shape.moe_layers,
+                                         m.delay_wgrad_compute};
+    plan.shape.num_moe_chunks = p.num_moe_chunks;  // docs/chunked-overlap.md
+    plan.shape.pair_edges = p.pair_edges;
 
     if (plan.reduce_in_buckets || plan.param_gather_overlap) {
-        const int num_layers = static_cast<int>(shape.num_layers);
         // What each position adds to a bucket: the parameters that have a group to reduce over.
         const auto bytes_at = [&](int position) {
             const PositionParamSizes sizes = param_sizes_at(shape, position);
             return (plan.dp_size > 1 ? grad_bytes(sizes.dense) : 0) +
                    (plan.edp_size > 1 ? grad_bytes(sizes.expert) : 0);
         };
-        // Unset: the bucket size the configuration finalizes to for bucketed overlap (128 MiB).
-        const std::vector<int> ends = grad_bucket_ends(
-            num_layers, bytes_at, cfg.ddp.bucket_size.value_or(config::kDefaultBucketSize));
+        // Every stage's buckets over its own positions (each stage's list is built, so that any
+        // rank can check another stage's call names). Unset: the bucket size the configuration
+        // finalizes to for bucketed overlap (128 MiB).
+        const int64_t bucket_bytes = cfg.ddp.bucket_size.value_or(config::kDefaultBucketSize);
+        std::vector<std::vector<int>> ends;
+        for (int s = 0; s < plan.num_stages; ++s)
+            ends.push_back(grad_bucket_ends(schedule::stage_positions(p, s), bytes_at, bucket_bytes));
         if (plan.reduce_in_buckets)
-            plan.shape.grad_bucket_ends = ends;
+            p.stage_grad_bucket_ends = ends;
         if (plan.param_gather_overlap)
-            plan.shape.param_bucket_ends = ends;
-        plan.buckets.resize(ends.size());
+            p.stage_param_bucket_ends = ends;
+        const std::vector<int>& mine = ends[static_cast<size_t>(shape.pipeline_rank)];
+        if (plan.reduce_in_buckets)
+            plan.shape.grad_bucket_ends = mine;
+        if (plan.param_gather_overlap)
+            plan.shape.param_bucket_ends = mine;
+        plan.buckets.resize(mine.size());
         size_t bucket = 0;
-        for (int position = num_layers; position >= schedule::kEmbeddingPosition; --position) {
+        for (int position : schedule::stage_positions(p, shape.pipeline_rank)) {
             plan.buckets[bucket].positions.push_back(position);
             plan.buckets[bucket].bytes += bytes_at(position);
-            if (ends[bucket] == position)
+            if (mine[bucket] == position)
                 ++bucket;
         }
     }
-    plan.calls = plan.overlap ? schedule::overlap_schedule(plan.shape)
-                              : schedule::baseline_schedule(plan.shape);
+    try {
+        plan.stage_calls = schedule::pipeline_schedules(p);
+    } catch (const std::invalid_argument& e) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("step plan: {} (model.pipeline_model_parallel_size {}, "
+                                "model.virtual_pipeline_model_parallel_size {}, {} micro-batches "
+                                "per step = train.global_batch_size / (micro batch x DP)); "
+                                "choose a global batch whose micro-batch count is a multiple of "
+                                "PP",
+                                e.what(), plan.num_stages, plan.num_chunks, p.num_micro_batches));
+    }
+    plan.calls = plan.stage_calls[static_cast<size_t>(shape.pipeline_rank)];
+    // A one-stage list names no stage (schedule.h's single-stage schedules).
+    if (plan.num_stages == 1) {
+        for (schedule::NodeCall& c : plan.calls)
+            c.stage = c.chunk = -1;
+        plan.stage_calls.clear();
+    }
     return plan;
 }
 

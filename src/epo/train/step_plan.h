@@ -13,10 +13,12 @@
 // data-parallel size (EDP) > 1. One bucket list serves both the gradient reduction and the
 // parameter gather, as in the reference.
 //
-// Pipeline parallelism (PP > 1): the plan is that of the shape's stage (shape.pipeline_rank), from
-// schedule/pipeline_schedule.h, with every stage's lists kept (stage_calls) so that any rank can
-// check a call name of another stage. Gradients are then reduced by the optimizer step (no
-// buckets inside the schedule) and the distributed optimizer gathers there too.
+// Every plan comes from the one emitter of schedule/pipeline_schedule.h (PP = 1 is its one-stage
+// case), with the model shape's pipeline layout (config/pipeline_layout.h). With PP > 1 the plan
+// is that of the shape's stage (shape.pipeline_rank), with every stage's lists kept (stage_calls)
+// so that any rank can check a call name of another stage; each stage's buckets collect its own
+// positions in backward order, reduced by the last backward unit of each model chunk and gathered
+// by micro-batch 0's forward units.
 //
 // What it deliberately doesn't do: any sizes the model does not allocate (multi-latent attention
 // and MTP layers are not part of GptShape, so their parameters are not counted).

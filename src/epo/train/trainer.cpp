@@ -24,12 +24,6 @@ int64_t now_ns() {
         .count();
 }
 
-// The stage holding layer l (gpt_model.h's GptShape::holds).
-int stage_of_layer(const model::GptShape& s, int64_t l) {
-    return static_cast<int>((l / (s.num_layers / (s.pipeline_size * s.virtual_pipeline_size))) %
-                            s.pipeline_size);
-}
-
 }  // namespace
 
 Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
@@ -51,10 +45,8 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
 
     // The plan and the injection check first: both need no peer, so a refusal happens on every
     // rank before any collective work.
-    model::GptShape shape = model::gpt_shape_from_config(cfg, ep_size, rank_in_stage_ % ep_size);
-    shape.pipeline_size = num_stages;
-    shape.virtual_pipeline_size = config::virtual_pipeline_size(cfg.model);
-    shape.pipeline_rank = stage_;
+    const model::GptShape shape =
+        model::gpt_shape_from_config(cfg, ep_size, rank_in_stage_ % ep_size, stage_);
     plan_ = make_step_plan(cfg, shape);
     injected_failure_ = injected_failure_from_env();
     if (injected_failure_) {
@@ -84,9 +76,6 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
     model_ = std::make_unique<model::GptModel>(shape);
     model_->init_weights(static_cast<uint64_t>(cfg.train.seed));
     optimizer_config_ = optimizer_config_from(cfg);
-    // With stages the distributed optimizer gathers in the optimizer step (step_plan.h).
-    if (num_stages > 1)
-        optimizer_config_.overlap_param_gather = false;
     optimizer_ = make_optimizer_state(model_->dense_params(), model_->expert_params(), groups,
                                       optimizer_config_);
     EPO_CHECK_EQ(optimizer_.distributed, plan_.distributed_optimizer);
@@ -309,7 +298,7 @@ double Trainer::load_balancing_sum(comm::ProcessGroups& groups) const {
     if (groups.pp.size() > 1) {
         groups.pp.all_gather(std::span<const double>(mine), std::span<double>(all));
         for (size_t l = 0; l < L; ++l)
-            mine[l] = all[static_cast<size_t>(stage_of_layer(s, static_cast<int64_t>(l))) * L + l];
+            mine[l] = all[static_cast<size_t>(s.stage_of_layer(static_cast<int64_t>(l))) * L + l];
     }
     double sum = 0;
     for (size_t l = 0; l < L; ++l) {
