@@ -205,27 +205,23 @@ private:
         return it != in.end() && it->second < tick_;
     }
     // The activations x[end] go to the next stage's chunk (the ring's next chunk after the last
-    // stage); the transfer is appended to both lists at once.
-    void send_forward(const Unit& u) {
+    // stage), their gradient dx[first] to the previous one's; the transfer is appended to both
+    // lists at once.
+    void transfer(const Unit& u, bool forward) {
         const int P = shape_.num_stages;
-        const int to = (u.stage + 1) % P, to_chunk = u.stage == P - 1 ? u.chunk + 1 : u.chunk;
-        add(u, u.end, NodeKind::kSendForward, Phase::kForward);
+        const int to = forward ? (u.stage + 1) % P : (u.stage + P - 1) % P;
+        const int edge = forward ? P - 1 : 0;  // the stage whose peer is the ring's next chunk
         Unit peer = u;
         peer.stage = to;
-        peer.chunk = to_chunk;
-        add(peer, u.end, NodeKind::kRecvForward, Phase::kForward);
-        state(to).inputs[{true, u.mb, to_chunk}] = tick_;
+        peer.chunk = u.stage == edge ? u.chunk + (forward ? 1 : -1) : u.chunk;
+        const int position = forward ? u.end : u.first;
+        const Phase phase = forward ? Phase::kForward : Phase::kBackward;
+        add(u, position, forward ? NodeKind::kSendForward : NodeKind::kSendBackward, phase);
+        add(peer, position, forward ? NodeKind::kRecvForward : NodeKind::kRecvBackward, phase);
+        state(to).inputs[{forward, u.mb, peer.chunk}] = tick_;
     }
-    void send_backward(const Unit& u) {
-        const int P = shape_.num_stages;
-        const int to = (u.stage + P - 1) % P, to_chunk = u.stage == 0 ? u.chunk - 1 : u.chunk;
-        add(u, u.first, NodeKind::kSendBackward, Phase::kBackward);
-        Unit peer = u;
-        peer.stage = to;
-        peer.chunk = to_chunk;
-        add(peer, u.first, NodeKind::kRecvBackward, Phase::kBackward);
-        state(to).inputs[{false, u.mb, to_chunk}] = tick_;
-    }
+    void send_forward(const Unit& u) { transfer(u, true); }
+    void send_backward(const Unit& u) { transfer(u, false); }
 
     // ---- The output position ----
     void output_forward(const Unit& u) {
