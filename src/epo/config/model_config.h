@@ -101,7 +101,7 @@ struct ModelConfig {
     // backwards together, instead of the first forward and the last backward alone, so their
     // all-to-alls hide under the other micro-batch's compute (docs/design.md "Schedules").
     // Bit-identical; about 2x the baseline's peak activations (1.4-1.5x unpaired), three
-    // micro-batches in flight with 3 or more per step. Overlap only (W015); PP = 1 (RT030).
+    // micro-batches in flight with 3 or more per step. Overlap only (W015).
     bool moe_ep_overlap_pair_edges = false;
 
     // Precision.

@@ -49,11 +49,10 @@ const std::vector<FeatureRow>& rows() {
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
              // The layouts of it that do not run have ids of their own (RT027, RT028, RT033).
-             return when(c.model.pipeline_model_parallel_size > 1 &&
-                             !c.model.share_embeddings_and_output_weights &&
-                             !interleaved_partial_group(c),
-                         "model.pipeline_model_parallel_size",
-                         show(c.model.pipeline_model_parallel_size));
+             return when(
+                 c.model.pipeline_model_parallel_size > 1 &&
+                     !c.model.share_embeddings_and_output_weights && !interleaved_partial_group(c),
+                 "model.pipeline_model_parallel_size", show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
         {{"RT003", "context parallelism (CP > 1)", &RC::context_parallel},

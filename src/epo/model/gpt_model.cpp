@@ -88,8 +88,7 @@ GptModel::GptModel(const GptShape& shape)
                   shape.pipeline_rank >= 0 && shape.pipeline_rank < shape.pipeline_size &&
                   (shape.pipeline_chunks.empty()
                        ? shape.pipeline_size * shape.virtual_pipeline_size == 1
-                       : shape.pipeline_chunks.size() ==
-                             static_cast<size_t>(shape.pipeline_size)),
+                       : shape.pipeline_chunks.size() == static_cast<size_t>(shape.pipeline_size)),
               "{} layers on stage {} of PP {} x VPP {} ({} stages laid out)", shape.num_layers,
               shape.pipeline_rank, shape.pipeline_size, shape.virtual_pipeline_size,
               shape.pipeline_chunks.size());

@@ -123,8 +123,8 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
                               .num_moe_chunks = m.moe_ep_overlap_num_chunks,
                               .pair_edges = plan.overlap && m.moe_ep_overlap_pair_edges,
                               .layout = schedule_layout(shape)};
-    plan.shape = schedule::ScheduleShape{p.num_micro_batches, shape.moe_layers,
-                                         m.delay_wgrad_compute};
+    plan.shape =
+        schedule::ScheduleShape{p.num_micro_batches, shape.moe_layers, m.delay_wgrad_compute};
     plan.shape.num_moe_chunks = p.num_moe_chunks;  // docs/chunked-overlap.md
     plan.shape.pair_edges = p.pair_edges;
 
@@ -141,7 +141,8 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
         const int64_t bucket_bytes = cfg.ddp.bucket_size.value_or(config::kDefaultBucketSize);
         std::vector<std::vector<int>> ends;
         for (int s = 0; s < plan.num_stages; ++s)
-            ends.push_back(grad_bucket_ends(schedule::stage_positions(p, s), bytes_at, bucket_bytes));
+            ends.push_back(
+                grad_bucket_ends(schedule::stage_positions(p, s), bytes_at, bucket_bytes));
         if (plan.reduce_in_buckets)
             p.stage_grad_bucket_ends = ends;
         if (plan.param_gather_overlap)
