@@ -25,6 +25,7 @@
 #include "epo/moe/flex_dispatcher.h"
 #include "epo/schedule/pipeline_schedule.h"
 #include "epo/schedule/schedule.h"
+#include "epo/train/memory_plan.h"
 #include "epo/train/param_checksum.h"
 #include "epo/train/train_run.h"
 #include "epo/train/trainer.h"
@@ -487,7 +488,7 @@ config::Config check_bench_config(const BenchOptions& options, const comm::JobSh
     // --compare holds two micro-batches' activations.
     config::Config memory_cfg = cfg;
     memory_cfg.model.overlap_moe_expert_parallel_comm |= options.compare;
-    config::check_memory_fits(config::estimate_rank_memory(memory_cfg, job.world_size),
+    config::check_memory_fits(train::estimate_run_memory(memory_cfg),
                               job.ranks_per_host > 0 ? job.ranks_per_host : job.world_size,
                               config::available_memory_bytes());
     return cfg;

@@ -129,6 +129,22 @@ std::optional<int64_t> mem_available() {
 
 }  // namespace
 
+ActivationBytes activation_bytes(const Config& cfg) {
+    const Widths w = widths_of(cfg);
+    ActivationBytes a;
+    const LayerBytes moe = layer_bytes(cfg, w, true), dense = layer_bytes(cfg, w, false);
+    a.moe_layer = moe.fwd + moe.bwd;
+    a.dense_layer = dense.fwd + dense.bwd;
+    a.output = w.T * (4 * w.H + w.c * w.H + 4 * w.H + w.c * w.V) + 4 * w.T;
+    a.handoff = 8 * w.T * w.H;
+    return a;
+}
+
+int64_t scratch_bytes(const Config& cfg) {
+    const Widths w = widths_of(cfg);
+    return 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
+}
+
 int micro_batches_in_flight(const Config& cfg) {
     if (!cfg.model.overlap_moe_expert_parallel_comm)
         return 1;
@@ -151,15 +167,13 @@ MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size) {
         p.dense * 8 / (distributed ? dp_dense : 1) + p.expert * 8 / (distributed ? dp_expert : 1);
     m.packed = p.expert * 2 * w.c;
 
-    int64_t per_micro_batch = w.T * (4 * w.H + w.c * w.H + 4 * w.H + w.c * w.V) + 4 * w.T +
-                              8 * w.T * w.H;  // output state + the two gradient buffers
-    for (bool moe : moe_layer_pattern(cfg.model)) {
-        const LayerBytes b = layer_bytes(cfg, w, moe);
-        per_micro_batch += b.fwd + b.bwd;
-    }
+    const ActivationBytes a = activation_bytes(cfg);
+    int64_t per_micro_batch = a.output + a.handoff;
+    for (bool moe : moe_layer_pattern(cfg.model))
+        per_micro_batch += moe ? a.moe_layer : a.dense_layer;
     m.micro_batches_in_flight = micro_batches_in_flight(cfg);
     m.activations = m.micro_batches_in_flight * per_micro_batch;
-    m.scratch = 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
+    m.scratch = scratch_bytes(cfg);
     return m;
 }
 

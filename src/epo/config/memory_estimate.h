@@ -67,8 +67,22 @@ struct MemoryEstimate {
 // schedule (the header's in_flight).
 int micro_batches_in_flight(const Config& cfg);
 
+// The header's per-micro-batch activation terms: fwd + bwd of a MoE and of a dense layer, the
+// output state, and the two f32 (T, H) gradient hand-offs (8TH).
+struct ActivationBytes {
+    int64_t moe_layer = 0;
+    int64_t dense_layer = 0;
+    int64_t output = 0;
+    int64_t handoff = 0;
+};
+ActivationBytes activation_bytes(const Config& cfg);
+// The compute stream's scratch (header).
+int64_t scratch_bytes(const Config& cfg);
+
 // One rank of a job of `world_size` ranks running the finalized configuration `cfg` (its EP
-// rank holds num_moe_experts / EP experts).
+// rank holds num_moe_experts / EP experts), every layer on the rank (PP = 1). With pipeline
+// stages the step plan's estimate (train/memory_plan.h) counts each stage's own layers and the
+// micro-batches its call list holds.
 MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size);
 
 // "1.23 GiB per rank: parameters 0.10, gradients 0.05, ... GiB".

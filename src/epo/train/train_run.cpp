@@ -18,6 +18,7 @@
 #include "epo/config/memory_estimate.h"
 #include "epo/config/validate.h"
 #include "epo/config/yaml_io.h"
+#include "epo/train/memory_plan.h"
 #include "epo/train/nonfinite.h"
 #include "epo/train/train_log.h"
 
@@ -45,7 +46,7 @@ std::optional<std::filesystem::path> start_up_checks(const config::Config& cfg,
     std::optional<std::filesystem::path> found;
     std::exception_ptr failure;
     try {
-        config::check_memory_fits(config::estimate_rank_memory(cfg, job.world_size),
+        config::check_memory_fits(estimate_run_memory(cfg),
                                   job.ranks_per_host > 0 ? job.ranks_per_host : job.world_size,
                                   config::available_memory_bytes());
         if (cfg.checkpoint.save)
