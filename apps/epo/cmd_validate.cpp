@@ -14,6 +14,7 @@
 #include "epo/config/recipes.h"
 #include "epo/config/validate.h"
 #include "epo/core/error.h"
+#include "epo/train/memory_plan.h"
 #include "harness_flags.h"
 
 namespace epo::cli {
@@ -31,14 +32,24 @@ void run_validate(const ValidateArgs& args) {
     const config::BuiltConfig built =
         config::build_config(config_sources(*args.cmd, args.model, args.positional, args.harness));
     const config::ValidationReport report = config::validate(built);
-    // The memory a rank needs (an invalid configuration has no meaningful one). The world it is
-    // for: the stated topology, else the smallest job the layout allows (one rank per EP rank).
+    // The memory a rank needs (an invalid configuration has no meaningful one). With a stated
+    // topology, the step plan's estimate of the largest pipeline stage (train/memory_plan.h);
+    // without one, or when no plan can be made for it (the runtime refuses the layout, reported
+    // above), every layer on one rank of the smallest job the layout allows (one rank per EP
+    // rank).
     std::optional<config::MemoryEstimate> memory;
     if (report.ok()) {
         const int64_t stated = config::world_size(report.config);
-        memory = config::estimate_rank_memory(
-            report.config,
-            stated > 0 ? stated : std::max(1, report.config.model.expert_model_parallel_size));
+        try {
+            if (stated > 0)
+                memory = train::estimate_run_memory(report.config);
+        } catch (const Error&) {
+        }
+        if (!memory) {
+            memory = config::estimate_rank_memory(
+                report.config,
+                stated > 0 ? stated : std::max(1, report.config.model.expert_model_parallel_size));
+        }
     }
     if (args.json) {
         nlohmann::ordered_json j = config::report_to_json(report);
