@@ -156,8 +156,9 @@ void check_stages(const Case& c, int pp) {
             std::vector<std::string> v = overlap;
             v.insert(v.end(), extra.begin(), extra.end());
             const config::Config cfg = pipeline_config(c, world, pp, v);
-            if (name == "buckets")
+            if (name == "buckets") {
                 ASSERT_TRUE(cfg.ddp.overlap_grad_reduce);
+            }
             expect_same_bits(baseline, run_on(cfg, MPI_COMM_WORLD, kSteps), label + " " + name);
         }
     }

@@ -26,60 +26,54 @@ int64_t now_ns() {
 
 }  // namespace
 
-Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg), options_(options) {
-    comm::check_mpi(MPI_Comm_rank(options_.comm, &world_rank_), "MPI_Comm_rank");
-    comm::check_mpi(MPI_Comm_size(options_.comm, &world_size_), "MPI_Comm_size");
-    if (config::world_size(cfg) != world_size_) {
-        throw Error(ErrorKind::kConfig,
-                    fmt::format("the configuration's topology has {} ranks (comm.num_nodes x "
-                                "comm.gpus_per_node), the job {}; state the job's topology",
-                                config::world_size(cfg), world_size_));
-    }
-    const int ep_size = cfg.model.expert_model_parallel_size;
-    num_micro_batches_ = config::num_microbatches(cfg);
-    // Stages of world / PP consecutive ranks, pipeline outermost (topology.h's order).
-    const int num_stages = cfg.model.pipeline_model_parallel_size;
-    const int stage_size = world_size_ / num_stages;
-    stage_ = world_rank_ / stage_size;
-    rank_in_stage_ = world_rank_ % stage_size;
+namespace {
 
-    // The plan and the injection check first: both need no peer, so a refusal happens on every
-    // rank before any collective work.
-    const model::GptShape shape =
-        model::gpt_shape_from_config(cfg, ep_size, rank_in_stage_ % ep_size, stage_);
-    plan_ = make_step_plan(cfg, shape);
+RunPlan resolve_for(const config::Config& cfg, MPI_Comm comm) {
+    int rank = 0, size = 0;
+    comm::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+    comm::check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+    return resolve_run(cfg, size, rank);
+}
+
+}  // namespace
+
+Trainer::Trainer(const config::Config& cfg, TrainerOptions options)
+    : Trainer(resolve_for(cfg, options.comm), options) {}
+
+Trainer::Trainer(const RunPlan& run, TrainerOptions options)
+    : cfg_(run.cfg),
+      options_(options),
+      world_rank_(run.world_rank),
+      world_size_(run.world_size),
+      stage_(run.stage),
+      rank_in_stage_(run.rank_in_stage),
+      num_micro_batches_(run.num_micro_batches),
+      step_flops_(run.step_flops),
+      plan_(run.step),
+      optimizer_config_(run.optimizer) {
+    // The injection check before any collective work, so a refusal happens on every rank.
     injected_failure_ = injected_failure_from_env();
     if (injected_failure_) {
         // Checked against the targeted rank's stage's calls, identically on every rank.
         const int target = injected_failure_->rank;
-        const bool staged = num_stages > 1 && target >= 0 && target < world_size_;
+        const bool staged =
+            run.groups.pipeline_model_parallel_size > 1 && target >= 0 && target < world_size_;
         check_injected_failure(
-            *injected_failure_, world_size_, cfg.train.train_iters,
-            staged ? plan_.stage_calls[static_cast<size_t>(target / stage_size)] : plan_.calls);
+            *injected_failure_, world_size_, cfg_.train.train_iters,
+            staged ? plan_.stage_calls[static_cast<size_t>(target / run.stage_size)] : plan_.calls);
     }
-
-    const comm::ParallelLayout layout{.world_size = world_size_,
-                                      .expert_model_parallel_size = ep_size,
-                                      .gpus_per_node = config::gpus_per_node(cfg.comm),
-                                      .pipeline_model_parallel_size = num_stages};
-    comm::CommOptions comm_options;
-    comm_options.timeout_s = cfg.comm.timeout_s;
-    comm_options.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
-                                        cfg.comm.link.intra_node_gbps.value_or(0.0),
-                                        cfg.comm.link.latency_us.value_or(0.0)};
-    streams_ = runtime::make_rank_streams(layout, comm_options, options_.comm);
+    streams_ = runtime::make_rank_streams(run.groups, run.comm, options_.comm);
     const comm::ProcessGroups& groups = *streams_.comm->groups();
     EPO_CHECK(plan_.dp_size == groups.dp.size() && plan_.edp_size == groups.edp.size(),
               "the step plan's DP {} / EDP {} are the groups' {} / {}", plan_.dp_size,
               plan_.edp_size, groups.dp.size(), groups.edp.size());
 
-    model_ = std::make_unique<model::GptModel>(shape);
-    model_->init_weights(static_cast<uint64_t>(cfg.train.seed));
-    optimizer_config_ = optimizer_config_from(cfg);
+    model_ = std::make_unique<model::GptModel>(run.shape);
+    model_->init_weights(static_cast<uint64_t>(cfg_.train.seed));
     optimizer_ = make_optimizer_state(model_->dense_params(), model_->expert_params(), groups,
                                       optimizer_config_);
     EPO_CHECK_EQ(optimizer_.distributed, plan_.distributed_optimizer);
-    if (num_stages > 1)
+    if (run.groups.pipeline_model_parallel_size > 1)
         set_norm_slots();
     // The plan's buckets with this model's parameters, position by position in backward order;
     // only those with a group to reduce over take part.
@@ -94,13 +88,7 @@ Trainer::Trainer(const config::Config& cfg, TrainerOptions options) : cfg_(cfg),
         }
     }
 
-    DatasetConfig data{.type = cfg.dataset.type == config::DatasetType::kText ? "text" : "mock",
-                       .path = cfg.dataset.path.value_or(""),
-                       .seq_length = cfg.model.seq_length,
-                       .vocab_size = cfg.model.vocab_size.value_or(0),
-                       .seed = static_cast<uint64_t>(cfg.train.seed)};
-    dataset_ = make_dataset(data);
-    step_flops_ = model_flops(model_->shape(), config::global_batch_size(cfg));
+    dataset_ = make_dataset(run.data);
 }
 
 Trainer::~Trainer() = default;

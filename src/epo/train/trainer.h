@@ -29,6 +29,7 @@
 #include "epo/train/fault_injection.h"
 #include "epo/train/flops.h"
 #include "epo/train/optimizer.h"
+#include "epo/train/run_plan.h"
 #include "epo/train/step_plan.h"
 
 namespace epo::train {
@@ -63,6 +64,8 @@ public:
     // `cfg` must be finalized and valid for the runtime; MPI must be running. Collective: every
     // rank constructs its Trainer at the same point.
     Trainer(const config::Config& cfg, TrainerOptions options = {});
+    // A run resolved ahead (run_plan.h) for this rank of options.comm.
+    Trainer(const RunPlan& run, TrainerOptions options = {});
     ~Trainer();
     Trainer(const Trainer&) = delete;
     Trainer& operator=(const Trainer&) = delete;
