@@ -28,6 +28,9 @@ std::string escape(const std::string& s) {
             case '"':
                 out += "&quot;";
                 break;
+            case '\'':  // the page quotes its attributes with '
+                out += "&#39;";
+                break;
             default:
                 out += c;
         }
