@@ -263,10 +263,9 @@ std::string timeline_svg(const std::vector<const Process*>& ranks, double t0, do
     const double axis_y = h - 8;
     for (int t = 0; t <= 5; ++t) {
         const double us = scale_us * t / 5;
-        svg += fmt::format(
-            "<text x='{:.1f}' y='{}' text-anchor='middle' class='tick'>{:.0f} "
-            "ms</text>",
-            kL + us * px_per_us, axis_y, us / 1e3);
+        // The last label ends at the axis' end (centred there, it was cut by the plot's edge).
+        svg += fmt::format("<text x='{:.1f}' y='{}' text-anchor='{}' class='tick'>{:.0f} ms</text>",
+                           kL + us * px_per_us, axis_y, t == 5 ? "end" : "middle", us / 1e3);
     }
     return svg + "</svg>\n";
 }
@@ -322,7 +321,8 @@ std::string timelines(const nlohmann::json& metrics, const nlohmann::json& trace
 
 std::string summary_table(const nlohmann::json& m) {
     std::string t =
-        "<table><tr><th>schedule</th><th>step time s<br>median [min, max]</th><th>tokens/s</th>"
+        "<table class='summary'><tr><th>schedule</th><th>step time s<br>median [min, "
+        "max]</th><th>tokens/s</th>"
         "<th>TFLOP/s<br>per rank</th><th>compute s</th><th>comm s</th><th>exposed comm s</th>"
         "<th>speedup</th><th>overlap<br>efficiency</th><th>critical-path<br>bound s</th>"
         "<th>peak RSS<br>GiB</th><th>peak activations<br>MiB</th><th>losses</th></tr>\n";
@@ -437,6 +437,7 @@ std::string report_html(const nlohmann::json& m, const nlohmann::json& trace) {
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
         "text-align:right}td:first-child{text-align:left}.plot{border:1px solid #ddd}"
         "table.run th{text-align:left;background:#f4f4f4}table.run td{text-align:left}"
+        "table.summary{font-size:12px}"
         ".tick{font-size:10px}.lane{font-size:11px}.legend{font-size:12px}"
         ".legend .entry{margin-right:1.5em;white-space:nowrap}"
         ".legend svg{vertical-align:middle}</style>\n"
