@@ -136,4 +136,22 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
     return j;
 }
 
+nlohmann::ordered_json plan_to_json(const PlanResult& plan, const config::ValidationReport& report,
+                                    const RuntimeGaps& gaps) {
+    nlohmann::ordered_json j = plan_to_json(plan);
+    nlohmann::ordered_json warnings = nlohmann::ordered_json::array();
+    for (const config::Finding& f : report.warnings)
+        warnings.push_back({{"id", f.id},
+                            {"field", f.field},
+                            {"value", f.value},
+                            {"message", f.message},
+                            {"fix", f.fix}});
+    j["validation"] = {{"target", report.target}, {"warnings", warnings}, {"notes", report.notes}};
+    j["runtime"] = {{"can_run_on_cpu", gaps.ids.empty()},
+                    {"gaps", gaps.ids},
+                    {"note", gaps.note.empty() ? nlohmann::ordered_json(nullptr)
+                                               : nlohmann::ordered_json(gaps.note)}};
+    return j;
+}
+
 }  // namespace epo::plan
