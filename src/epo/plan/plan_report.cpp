@@ -50,12 +50,14 @@ std::string format_plan(const PlanResult& r) {
         const StageMemory& m = base.memory_stage;
         out += fmt::format(
             "\nmemory (Megatron-Core layout, docs/plan.md \"Memory\"): busiest stage {} of {}: "
-            "weights {:.2f} + main grads {:.2f} + optimizer {:.2f} + activations {:.2f} GiB "
+            "weights {:.2f}{} + main grads {:.2f} + optimizer {:.2f} + activations {:.2f} GiB "
             "({:g} micro-batch chunk(s) in flight) = {:.2f} GiB baseline; usable {:.1f} GiB "
             "({:.0f}% headroom):",
-            m.stage, r.num_stages, gib(m.weights), gib(m.main_grads), gib(m.optimizer),
-            gib(m.activations), m.units_in_flight, gib(m.total()),
-            hw.device.memory_gb * (1 - r.memory_headroom), 100 * r.memory_headroom);
+            m.stage, r.num_stages, gib(m.weights),
+            m.fp8_weights > 0 ? fmt::format(" + fp8 weight copies {:.2f}", gib(m.fp8_weights))
+                              : std::string(),
+            gib(m.main_grads), gib(m.optimizer), gib(m.activations), m.units_in_flight,
+            gib(m.total()), hw.device.memory_gb * (1 - r.memory_headroom), 100 * r.memory_headroom);
         for (const ScheduleEstimate& e : r.runs)
             out += fmt::format(" {} {}", e.name, e.fits ? "fits" : "DOES NOT FIT");
         out += "\n";
