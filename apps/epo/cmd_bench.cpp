@@ -68,17 +68,6 @@ bool inside_mpi_job() {
     return false;
 }
 
-// This process's own command line, as started (before any rewriting).
-std::vector<std::string> own_command_line() {
-    std::ifstream in("/proc/self/cmdline", std::ios::binary);
-    std::vector<std::string> out;
-    std::string arg;
-    while (std::getline(in, arg, '\0')) {
-        out.push_back(arg);
-    }
-    return out;
-}
-
 std::string default_run_dir(const config::Config& cfg) {
     const std::time_t now = std::time(nullptr);
     std::tm local{};
@@ -102,7 +91,7 @@ void launch(bench::BenchOptions options) {
     const std::string out = options.out_dir ? options.out_dir->string() : default_run_dir(cfg);
     bench::check_out_dir_unused(out);  // before any rank starts
 
-    std::vector<std::string> argv = own_command_line();
+    const std::vector<std::string> argv = bench::own_argv();  // as started, before any rewriting
     std::vector<std::string> command = {"/proc/self/exe"};
     command[0] = std::filesystem::read_symlink("/proc/self/exe").string();
     for (size_t i = 1; i < argv.size(); ++i) {
