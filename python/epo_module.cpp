@@ -105,15 +105,16 @@ py::object plan(const py::object& config, const std::optional<std::string>& gpu,
                 const std::vector<std::string>& overrides) {
     epo::config::ConfigSources s = sources_of(config);
     add_launch(s, gpu, num_gpus, gpus_per_node, overrides);
-    const epo::config::ValidationReport report =
-        epo::config::validate(epo::config::build_config(s));
+    epo::config::ValidationReport report = epo::config::validate(epo::config::build_config(s));
+    // As `epo plan` judges it: what only the epo CPU runtime lacks is one note, never a refusal.
+    const epo::plan::RuntimeGaps gaps = epo::plan::retarget_for_plan(report);
     if (!report.ok()) {
         throw epo::Error(epo::ErrorKind::kConfig,
                          "the configuration is invalid:\n" + epo::config::format_findings(report));
     }
-    // As `epo plan` without hardware flags.
+    // As `epo plan --json` without hardware flags.
     return from_json(epo::plan::plan_to_json(
-        epo::plan::make_plan(report.config, epo::plan::plan_options(report.config))));
+        epo::plan::make_plan(report.config, epo::plan::plan_options(report.config)), report, gaps));
 }
 
 py::object load_run(const py::object& run_dir) {

@@ -21,6 +21,7 @@ packages=(
   python3-pytest python3-yaml         # its tests (python/tests, run by ctest as python_module)
   iproute2                            # scripts/emulated-cluster.sh: hosts as network namespaces
   nftables                            # scripts/emulated-cluster.sh impair: packet loss
+  chromium                            # the report's browser test (ctest bench.report_browser)
 )
 if [[ "${1:-}" == mpich ]]; then
   packages+=(libmpich-dev mpich)

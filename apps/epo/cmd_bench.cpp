@@ -5,13 +5,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
 #include "epo/bench/bench_report.h"
 #include "epo/bench/bench_run.h"
+#include "epo/bench/run_info.h"
 #include "epo/checkpoint/stop_signal.h"
 #include "epo/comm/launch.h"
 #include "epo/comm/rank_runner.h"
@@ -30,6 +30,7 @@ struct BenchArgs {
     double comm_compute_ratio = 0;
     int repeats = 0;
     int warmup_steps = 1;
+    std::string command_line;  // hidden --command_line: what the user typed, set by the launch
     HarnessFlags harness;
     CLI::App* cmd = nullptr;
 };
@@ -52,6 +53,7 @@ bench::BenchOptions options_from(const BenchArgs& args) {
     if (!args.out.empty()) {
         o.out_dir = args.out;
     }
+    o.command_line = args.command_line;
     return o;
 }
 
@@ -63,17 +65,6 @@ bool inside_mpi_job() {
         }
     }
     return false;
-}
-
-// This process's own command line, as started (before any rewriting).
-std::vector<std::string> own_command_line() {
-    std::ifstream in("/proc/self/cmdline", std::ios::binary);
-    std::vector<std::string> out;
-    std::string arg;
-    while (std::getline(in, arg, '\0')) {
-        out.push_back(arg);
-    }
-    return out;
 }
 
 std::string default_run_dir(const config::Config& cfg) {
@@ -99,7 +90,7 @@ void launch(bench::BenchOptions options) {
     const std::string out = options.out_dir ? options.out_dir->string() : default_run_dir(cfg);
     bench::check_out_dir_unused(out);  // before any rank starts
 
-    std::vector<std::string> argv = own_command_line();
+    const std::vector<std::string> argv = bench::own_argv();  // as started, before any rewriting
     std::vector<std::string> command = {"/proc/self/exe"};
     command[0] = std::filesystem::read_symlink("/proc/self/exe").string();
     for (size_t i = 1; i < argv.size(); ++i) {
@@ -114,6 +105,10 @@ void launch(bench::BenchOptions options) {
     }
     command.push_back("--out");
     command.push_back(out);
+    // The ranks record the command as the user typed it (metrics.json run.command_line), not the
+    // one the launch rewrote.
+    command.push_back("--command_line");
+    command.push_back(bench::shell_join(argv));
     comm::LaunchOptions launch{.num_ranks = world, .command = command};
     const std::vector<std::string> line = comm::make_launch_command(launch);
     std::cout << fmt::format("[bench] {} ranks ({} nodes x {}), run directory {}\n", world,
@@ -199,6 +194,11 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--out", args->out,
                     "run directory (default: <logger.log_dir>/<time>-bench-<recipe>)")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    // Set by the launch for its ranks; hidden (an empty group).
+    cmd->add_option("--command_line", args->command_line,
+                    "the command to record in metrics.json and report.html")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+        ->group("");
     add_harness_flags(*cmd, args->harness);
     cmd->footer(
         "Examples:\n"

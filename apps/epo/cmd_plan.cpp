@@ -100,7 +100,7 @@ void run_plan(const PlanArgs& args) {
     // Errors before any work: the configuration as `epo validate` judges it for its target;
     // what only the epo CPU runtime lacks (RT ids) is one note, never a refusal.
     config::ValidationReport report = config::validate(built);
-    plan::retarget_for_plan(report);
+    const plan::RuntimeGaps gaps = plan::retarget_for_plan(report);
     if (!report.ok()) {
         if (args.json) {
             std::cout << config::report_to_json(report).dump(
@@ -130,8 +130,9 @@ void run_plan(const PlanArgs& args) {
         options.comm_compute_ratio = 1;  // as epo bench calibrates its embedded proxy
     const plan::PlanResult result = plan::make_plan(cfg, options);
     if (args.json) {
-        std::cout << plan::plan_to_json(result).dump(2, ' ', false,
-                                                     nlohmann::json::error_handler_t::replace)
+        // The runtime note and the validation's warnings too, as the text output prints them.
+        std::cout << plan::plan_to_json(result, report, gaps)
+                         .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
                   << "\n";
     } else {
         std::cout << config::format_findings(report) << plan::format_plan(result);

@@ -61,6 +61,16 @@ def test_plan_is_the_same_as_the_clis_json():
         assert json.loads(out) == plan
 
 
+def test_plan_carries_the_runtime_note_as_the_clis_json_does():
+    plan = epo.plan(QWEN, gpu="h100", num_gpus=16,
+                    overrides=["model.tensor_model_parallel_size=2",
+                               "model.sequence_parallel=true"])
+    assert plan["runtime"]["can_run_on_cpu"] is False
+    assert "RT001" in plan["runtime"]["gaps"]
+    assert plan["runtime"]["note"].startswith("the epo runtime cannot run this configuration")
+    assert plan["runtime"]["note"] in plan["validation"]["notes"]
+
+
 def test_plan_of_an_invalid_config_raises():
     with pytest.raises(epo.Error, match="LY004"):
         epo.plan(TINY + "train:\n  global_batch_size: 3\n")

@@ -14,6 +14,7 @@
 
 #include "epo/bench/bench_run.h"
 #include "epo/bench/check_run.h"
+#include "epo/bench/run_info.h"
 #include "epo/comm/launch.h"
 #include "epo/config/recipes.h"
 #include "epo/core/error.h"
@@ -261,6 +262,42 @@ TEST(BenchCli, LaunchesItsRanksAndCheckRunJudgesTheDirectory) {
                           "logs/rank-0.log", "logs/rank-1.log"}) {
         EXPECT_TRUE(fs::exists(out / f)) << f;
     }
+
+    // How the run was made, as the user started it (not the line the launch gave the ranks),
+    // and the options that explain it, in metrics.json and in the report's header.
+    std::ifstream metrics_file(out / "metrics.json");
+    const nlohmann::json m = nlohmann::json::parse(metrics_file);
+    const nlohmann::json& run = m.at("run");
+    const std::string command = run.at("command_line");
+    EXPECT_EQ(command.rfind(epo_binary() + " bench --model tiny-moe --num_nodes 2", 0), 0u)
+        << command;
+    EXPECT_NE(command.find("--out " + out.string()), std::string::npos) << command;
+    EXPECT_EQ(command.find("--command_line"), std::string::npos) << command;
+    EXPECT_EQ(run.at("commit"), build_commit());
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    EXPECT_EQ(run.at("host"), host);
+    for (const char* key : {"cpu_model", "cpu_features", "date_utc", "epo_version"})
+        EXPECT_FALSE(run.at(key).get<std::string>().empty()) << key;
+    EXPECT_TRUE(run.at("avx512_bf16").is_boolean());
+    EXPECT_TRUE(run.at("amx_bf16").is_boolean());
+    const nlohmann::json& o = m.at("schedule_options");
+    EXPECT_EQ(o.at("schedules"), nlohmann::json({"baseline", "overlap", "overlap+delay_wgrad"}));
+    EXPECT_EQ(o.at("dispatcher"), "alltoall");
+    EXPECT_TRUE(o.at("flex_backend").is_null());
+    EXPECT_EQ(o.at("num_chunks"), 1);
+    EXPECT_EQ(o.at("pair_edges"), false);
+    EXPECT_EQ(o.at("pipeline_model_parallel_size"), 1);
+    EXPECT_TRUE(o.at("virtual_pipeline_model_parallel_size").is_null());
+    EXPECT_EQ(o.at("num_micro_batches"), m.at("num_micro_batches"));
+    EXPECT_TRUE(o.at("overlap_moe_expert_parallel_comm").get<bool>());
+    EXPECT_TRUE(o.at("delay_wgrad_compute").get<bool>());
+    EXPECT_EQ(o.at("link_model").get<std::string>().rfind("link model: inter-node ", 0), 0u);
+    std::ifstream report_file(out / "report.html");
+    const std::string report{std::istreambuf_iterator<char>(report_file), {}};
+    EXPECT_NE(report.find(run.at("date_utc").get<std::string>()), std::string::npos);
+    EXPECT_NE(report.find(build_commit()), std::string::npos);
+    EXPECT_NE(report.find("intra-node not modelled"), std::string::npos);
 
     // Every criterion but the two timing ones (which depend on the machine's load; see
     // bench_run_mpi_test) passes; exit status 0 exactly when all do.

@@ -174,11 +174,13 @@ TEST(Bench, CompareRunDirectoryPassesCheckRunAndBrokenCopiesFail) {
     EXPECT_NE(html.find("</html>"), std::string::npos);
     EXPECT_EQ(html.find("<script"), std::string::npos);
     EXPECT_EQ(html.find("src="), std::string::npos);
-    int svgs = 0;
-    for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) {
-        ++svgs;
+    // The compute/communication chart, the loss plot and a timeline per schedule.
+    int plots = 0;
+    for (size_t p = html.find("class='plot'"); p != std::string::npos;
+         p = html.find("class='plot'", p + 1)) {
+        ++plots;
     }
-    EXPECT_EQ(svgs, 4);
+    EXPECT_EQ(plots, 5);
 
     for (const char* f :
          {"config.yaml", "configs/baseline.yaml", "configs/overlap.yaml",

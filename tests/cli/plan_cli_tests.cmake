@@ -33,6 +33,13 @@ epo_cli_test(plan_no_topology 1 "give --num_nodes and --gpus_per_node" RUN
 epo_cli_test(plan_tp 0 "TP 2, PP 1"
              "the epo runtime cannot run this configuration to check the plan on CPU \\(RT001"
              RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true)
+# --json carries the same note (and the validation's warnings and notes) as the text.
+epo_cli_test(plan_json_runtime_note 0 "\"can_run_on_cpu\": false" "\"RT001\""
+             "\"note\": \"the epo runtime cannot run this configuration to check the plan on CPU"
+             "\"validation\": \\{" RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true
+             --json)
+epo_cli_test(plan_json_no_runtime_gap 0 "\"can_run_on_cpu\": true" "\"gaps\": \\[\\]"
+             "\"note\": null" RUN plan ${_epo_qwen_h100} --json)
 set(_epo_235b --model qwen3-235b-a22b --num_nodes 32 --gpus_per_node 8 env.gpu=h100 -tp 2
     -pp 8 -vp 4 -ep 32 model.sequence_parallel=true)
 epo_cli_test(plan_uneven_pipeline 0 "TP 2, PP 8, EP 32" "pipeline: 8 stages x 4 model chunks"

@@ -209,5 +209,43 @@ TEST(GpuMemory, FullRecomputeHoldsOnlyEachGroupsInput) {
     EXPECT_DOUBLE_EQ(m.activations, 32 * 2 * sbh + layer_activation_bytes(b, false) + output + ids);
 }
 
+// fp8 keeps a cast of every product weight for the whole step, row-wise and column-wise (the
+// transposed copy the input gradient reads), next to the bf16 weights: 2 bytes an element, and
+// 2 (1 + 1/32) with MXFP8's per-32 scales. Hand counts:
+//   B (dense, L 32, h 4096, F 16384, gelu, TP 1): a layer's products 4h^2 + 2hF = 201326592
+//     elements (QKV 3h^2, projection h^2, the two MLP products); 32 layers = 6442450944; the
+//     embedding, output layer and norms stay bf16.
+//   C (MoE, TP 2 = ETP 2, EP 1, PP 4, VPP 2: 6 layers a stage): attention 4h^2 / 2 = 33554432,
+//     8 experts of 2 h F_moe / 2 = 536870912 (the router stays bf16): 570425344 a layer,
+//     3422552064 a stage.
+TEST(GpuMemory, Fp8KeepsARowwiseAndAColumnwiseCopyOfEachProductWeight) {
+    config::Config b = config_b();
+    const StageMemory bf16 = estimate_gpu_memory(b).stages[0];
+    EXPECT_EQ(bf16.fp8_weights, 0);
+    b.model.fp8 = "hybrid";
+    b.model.fp8_recipe = "tensorwise";
+    const StageMemory fp8 = estimate_gpu_memory(b).stages[0];
+    EXPECT_DOUBLE_EQ(fp8.fp8_weights, 2.0 * 6442450944.0);
+    EXPECT_DOUBLE_EQ(fp8.weights, bf16.weights);  // the bf16 weights stay
+    EXPECT_DOUBLE_EQ(fp8.total() - bf16.total(), 2.0 * 6442450944.0);
+    for (const char* recipe : {"delayed", "blockwise"}) {
+        b.model.fp8_recipe = recipe;
+        EXPECT_DOUBLE_EQ(estimate_gpu_memory(b).stages[0].fp8_weights, 2.0 * 6442450944.0)
+            << recipe;
+    }
+    b.model.fp8_recipe = "mxfp8";
+    EXPECT_DOUBLE_EQ(estimate_gpu_memory(b).stages[0].fp8_weights, 2.0625 * 6442450944.0);
+
+    config::Config c = config_c();
+    c.model.fp8 = "e4m3";
+    c.model.fp8_recipe = "delayed";
+    const GpuMemory moe = estimate_gpu_memory(c);
+    ASSERT_EQ(moe.stages.size(), 4u);
+    for (const StageMemory& st : moe.stages) {
+        EXPECT_EQ(st.num_layers, 6);
+        EXPECT_DOUBLE_EQ(st.fp8_weights, 2.0 * 3422552064.0) << "stage " << st.stage;
+    }
+}
+
 }  // namespace
 }  // namespace epo::plan

@@ -12,6 +12,7 @@
 
 #include "epo/core/error.h"
 #include "epo/plan/calibration.h"
+#include "epo/plan/cost_model.h"
 
 namespace epo::plan {
 namespace {
@@ -110,6 +111,62 @@ TEST(PlanCalibration, RoundTripsAndApplies) {
     Hardware gpu = resolve_hardware("h100", {});
     const std::string m = error_of([&] { apply_calibration(back, gpu, p); });
     EXPECT_NE(m.find("the calibration is for env.gpu=cpu, the plan for env.gpu=h100"),
+              std::string::npos)
+        << m;
+    std::filesystem::remove(path);
+}
+
+// Every figure the cost model uses is read from the file: the host's launch costs included (a
+// GPU calibration used to drop them to 0, planning the host-bound case as free), and the fp8
+// peak. A file written before they were read keeps the device's defaults.
+TEST(PlanCalibration, EveryFigureTheModelUsesIsRead) {
+    const auto path = std::filesystem::temp_directory_path() / "epo_plan_calibration_all.json";
+    Calibration c;
+    c.device = "h100";
+    c.peak_fp8_tflops = 1500;
+    c.params = default_params(*find_plan_device("h100"));
+    c.params.gemm_efficiency = 0.61;
+    c.params.dgrad_efficiency = 0.62;
+    c.params.wgrad_efficiency = 0.63;
+    c.params.gemm_half_dim = 101;
+    c.params.memory_efficiency = 0.64;
+    c.params.elementwise_efficiency = 0.65;
+    c.params.link_efficiency = 0.66;
+    c.params.overlap_slowdown = 0.31;
+    c.params.flex_overlap_slowdown = 0.21;
+    c.params.node_overhead_us = 111;
+    c.params.comm_launch_us = 55;
+    c.params.graph_launch_us = 12;
+    write_calibration(path, c);
+    const Calibration back = read_calibration(path);
+    Hardware hw = resolve_hardware("h100", {});
+    CostParams p;
+    apply_calibration(back, hw, p);
+    EXPECT_DOUBLE_EQ(hw.device.peak_fp8_tflops, 1500);
+    const std::vector<std::pair<double, double>> figures = {
+        {p.gemm_efficiency, 0.61}, {p.dgrad_efficiency, 0.62},  {p.wgrad_efficiency, 0.63},
+        {p.gemm_half_dim, 101},    {p.memory_efficiency, 0.64}, {p.elementwise_efficiency, 0.65},
+        {p.link_efficiency, 0.66}, {p.overlap_slowdown, 0.31},  {p.flex_overlap_slowdown, 0.21},
+        {p.node_overhead_us, 111}, {p.comm_launch_us, 55},      {p.graph_launch_us, 12}};
+    for (size_t i = 0; i < figures.size(); ++i)
+        EXPECT_DOUBLE_EQ(figures[i].first, figures[i].second) << "figure " << i;
+
+    // Without the launch costs: the device's defaults, not 0.
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    j.erase("comm_launch_us");
+    j.erase("graph_launch_us");
+    std::ofstream(path) << j.dump();
+    const CostParams h100 = default_params(*find_plan_device("h100"));
+    EXPECT_GT(h100.comm_launch_us, 0);
+    EXPECT_DOUBLE_EQ(read_calibration(path).params.comm_launch_us, h100.comm_launch_us);
+    EXPECT_DOUBLE_EQ(read_calibration(path).params.graph_launch_us, h100.graph_launch_us);
+
+    // Out of range: named with the value and the fix.
+    j["comm_launch_us"] = -1;
+    std::ofstream(path) << j.dump();
+    const std::string m = error_of([&] { read_calibration(path); }, ErrorKind::kUsage);
+    EXPECT_NE(m.find("comm_launch_us = -1 is outside [0, 1e+06]; rewrite the file with epo plan "
+                     "--calibrate"),
               std::string::npos)
         << m;
     std::filesystem::remove(path);

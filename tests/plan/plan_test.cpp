@@ -552,18 +552,19 @@ namespace epo::plan {
 namespace {
 
 // fp8 (qwen3-30b-a3b, T = 4096): the weight products at the fp8 rate; each forward product's
-// input cast first, (m, k) elements at c + 1 = 3 bytes: qkv (4096 x 2048) + proj (4096 x 4096) +
-// router (4096 x 2048) = 33554432 elements, 100663296 bytes more than bf16. Core attention stays
-// bf16.
+// input cast first, (m, k) elements at c + 1 = 3 bytes: qkv (4096 x 2048) + proj (4096 x 4096)
+// = 25165824 elements, 75497472 bytes more than bf16. Core attention and the router (Megatron
+// runs it outside Transformer Engine) stay bf16; so does the output layer (below).
 TEST(PlanCost, Fp8RunsWeightProductsAtTheFp8RateAndChargesTheCasts) {
     const NodeCall fwd{0, 0, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
     const NodeWork bf = node_work(plan_model_of(finalized({})), fwd);
     const NodeWork f8 = node_work(plan_model_of(finalized({"model.fp8=e4m3"})), fwd);
     ASSERT_EQ(f8.gemms.size(), bf.gemms.size());
-    EXPECT_TRUE(f8.gemms[0].fp8 && f8.gemms[1].fp8 && f8.gemms[2].fp8);
+    EXPECT_TRUE(f8.gemms[0].fp8 && f8.gemms[1].fp8);
+    EXPECT_FALSE(f8.gemms[2].fp8);  // the router: outside Transformer Engine, never fp8
     EXPECT_FALSE(f8.gemms[3].fp8);  // scores
     EXPECT_DOUBLE_EQ(f8.elementwise_bytes - bf.elementwise_bytes,
-                     3.0 * (4096.0 * 2048 + 4096.0 * 4096 + 4096.0 * 2048));
+                     3.0 * (4096.0 * 2048 + 4096.0 * 4096));
     // The product's time at the fp8 peak (1979 against 989 TFLOP/s).
     CostParams p;
     p.node_overhead_us = 0;
@@ -573,6 +574,13 @@ TEST(PlanCost, Fp8RunsWeightProductsAtTheFp8RateAndChargesTheCasts) {
     other.gemms[0].fp8 = false;
     EXPECT_NEAR(compute_seconds(other, h100().device, p) / compute_seconds(one, h100().device, p),
                 1979.0 / 989, 1e-9);
+    // The output layer: a plain column-parallel linear in Megatron-Core, bf16 with fp8 on.
+    const config::Config cfg = finalized({"model.fp8=e4m3"});
+    const NodeCall out{0, -1, schedule::NodeKind::kOutput, schedule::Phase::kForward};
+    const NodeWork head = node_work(plan_model_of(cfg), out);
+    ASSERT_FALSE(head.gemms.empty());
+    for (const Gemm& g : head.gemms)
+        EXPECT_FALSE(g.fp8) << g.m << " x " << g.n << " x " << g.k;
 }
 
 // Flex with fp8: the forward dispatch's rows are H + H / 128 x 4 + 4 = 2048 + 64 + 4 bytes

@@ -6,6 +6,7 @@
 #include <map>
 #include <ostream>
 
+#include "epo/bench/run_info.h"
 #include "epo/bench/trace.h"
 #include "epo/bench/trust.h"
 #include "epo/comm/mpi_runtime.h"
@@ -202,6 +203,38 @@ nlohmann::json expert_load_of(const ScheduleRun& r, const std::vector<std::strin
         plan::expert_load(sum, ep, groups, static_cast<int64_t>(r.measured.size())));
 }
 
+// The options that explain a result, in one place (the report's header shows them): the
+// subject's overlap flags and the schedules run, the dispatcher, chunks and paired edges, the
+// pipeline, the micro-batches and the link model.
+nlohmann::json schedule_options_json(const BenchResult& result, bool pair_edges,
+                                     const nlohmann::json& link) {
+    const config::Config& c = result.config;
+    const config::ModelConfig& m = c.model;
+    nlohmann::json schedules = nlohmann::json::array();
+    for (const ScheduleRun& r : result.runs)
+        schedules.push_back(r.schedule.name);
+    const bool flex = m.moe_token_dispatcher_type == config::DispatcherType::kFlex;
+    return {{"schedules", schedules},
+            {"overlap_moe_expert_parallel_comm", m.overlap_moe_expert_parallel_comm},
+            {"delay_wgrad_compute", m.delay_wgrad_compute},
+            {"dispatcher", std::string(config::enum_name(m.moe_token_dispatcher_type))},
+            {"flex_backend",
+             flex && m.moe_flex_dispatcher_backend
+                 ? nlohmann::json(std::string(config::enum_name(*m.moe_flex_dispatcher_backend)))
+                 : nlohmann::json(nullptr)},
+            {"num_chunks", m.moe_ep_overlap_num_chunks},
+            {"chunk_by", std::string(config::enum_name(m.moe_ep_overlap_chunk_by))},
+            {"pair_edges", pair_edges},
+            {"pipeline_model_parallel_size", m.pipeline_model_parallel_size},
+            {"virtual_pipeline_model_parallel_size",
+             m.virtual_pipeline_model_parallel_size
+                 ? nlohmann::json(*m.virtual_pipeline_model_parallel_size)
+                 : nlohmann::json(nullptr)},
+            {"num_micro_batches", config::num_microbatches(c)},
+            {"micro_batch_size", c.train.micro_batch_size},
+            {"link_model", link_label(link)}};
+}
+
 nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::json> nodes,
                             std::vector<nlohmann::json> inter_node, nlohmann::json expert_load) {
     const config::Config& c = result.config;
@@ -240,9 +273,15 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
                        {"bandwidth_set", k->inter_node ? "inter_node" : "intra_node"},
                        {"achieved_ratio", achieved}};
     }
+    const nlohmann::json link = {{"inter_node_gbps", c.comm.link.inter_node_gbps.value_or(0.0)},
+                                 {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
+                                 {"latency_us", c.comm.link.latency_us.value_or(0.0)}};
     nlohmann::json m = {
         {"version", 1},
         {"epo_version", EPO_VERSION},
+        {"run", run_info_json(collect_run_info(result.command_line.empty() ? shell_join(own_argv())
+                                                                           : result.command_line))},
+        {"schedule_options", schedule_options_json(result, pair_edges, link)},
         {"completed", true},
         {"model", c.recipe.value_or("") + (result.proxy ? " (bench proxy)" : "")},
         {"proxy", result.proxy},
@@ -264,10 +303,7 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
         {"steps_per_run", c.train.train_iters},
         {"warmup_steps", result.warmup_steps},
         {"repeats", result.repeats},
-        {"link",
-         {{"inter_node_gbps", c.comm.link.inter_node_gbps.value_or(0.0)},
-          {"intra_node_gbps", c.comm.link.intra_node_gbps.value_or(0.0)},
-          {"latency_us", c.comm.link.latency_us.value_or(0.0)}}},
+        {"link", link},
         {"calibration", calibration},
         {"expert_load", std::move(expert_load)},
         {"runs", runs},
@@ -335,6 +371,19 @@ std::string caps_line(const nlohmann::json& m) {
 
 }  // namespace
 
+std::string link_label(const nlohmann::json& link) {
+    const double inter = link.at("inter_node_gbps").get<double>();
+    const double intra = link.at("intra_node_gbps").get<double>();
+    const double latency = link.at("latency_us").get<double>();
+    if (inter <= 0 && intra <= 0 && latency <= 0)
+        return "link model off (this machine's own MPI transfers)";
+    const auto bandwidth = [](double gbps) {
+        return gbps > 0 ? fmt::format("{:.4g} Gbit/s", gbps) : std::string("not modelled");
+    };
+    return fmt::format("link model: inter-node {}, intra-node {}, latency {:g} us",
+                       bandwidth(inter), bandwidth(intra), latency);
+}
+
 std::string format_efficiency(const nlohmann::json& efficiency, bool narrow) {
     if (efficiency.is_null()) {
         return "-";
@@ -379,12 +428,8 @@ std::string format_table(const nlohmann::json& m) {
             format_efficiency(r.at("overlap_efficiency"), true),
             r.at("peak_rss_bytes").get<double>() / (1024.0 * 1024 * 1024), losses);
     }
-    const auto& link = m.at("link");
     out += fmt::format(
-        "link model: inter-node {:.4g} Gbit/s, intra-node {:.4g} Gbit/s, latency "
-        "{} us{}\n",
-        link.at("inter_node_gbps").get<double>(), link.at("intra_node_gbps").get<double>(),
-        link.at("latency_us").get<double>(),
+        "{}{}\n", link_label(m.at("link")),
         m.at("calibration").is_null()
             ? ""
             : fmt::format(" (calibrated to comm/compute {}, achieved {})",

@@ -25,12 +25,20 @@
 //   expert_load (or null: no MoE layer, or PP > 1) {layers[] {layer, rows_per_ep_rank[],
 //   imbalance}, mean_imbalance}: the baseline's routing over its measured steps
 //   (plan/expert_load.h),
+//   run {command_line, commit (git describe at build time, "unknown" outside a checkout),
+//   epo_version, host, cpu_model, cpu_features, avx512_bf16, amx_bf16, date_utc} (run_info.h),
+//   schedule_options {schedules[], overlap_moe_expert_parallel_comm, delay_wgrad_compute (the
+//   subject's), dispatcher, flex_backend (null unless flex), num_chunks, chunk_by, pair_edges,
+//   pipeline_model_parallel_size, virtual_pipeline_model_parallel_size (or null),
+//   num_micro_batches, micro_batch_size, link_model (link_label)},
 //   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,
 //   warmup_steps, repeats, wall_time_s, completed
 //
-// report.html is one self-contained file (inline SVG and CSS, no scripts, no network): the
-// table, the loss curves of every run, and a timeline of both streams of every rank for one
-// measured step of each schedule, all on one time scale.
+// report.html is one self-contained file (inline SVG and CSS, no scripts, no network): a header
+// with the run's command, commit, host, CPU, date and schedule options, the table, a chart of
+// compute, hidden and exposed communication per schedule, the loss curves of every run, and a
+// timeline of both streams of every rank for one measured step of each schedule, all on one
+// time scale.
 #pragma once
 
 #include <iosfwd>
@@ -62,6 +70,11 @@ std::string format_inter_node(const nlohmann::json& metrics);
 // "n/a" where `narrow`, a table column) when it is negative: the overlap run was slower than the
 // baseline, and a negative fraction of the possible gain reads as a figure it is not.
 std::string format_efficiency(const nlohmann::json& efficiency, bool narrow = false);
+
+// The link model as a label that says what is true: "link model off (this machine's own MPI
+// transfers)" when every figure is 0, else each bandwidth, 0 shown as "not modelled" (a 0 there
+// leaves that path infinitely fast, comm/link_model.h), and the latency.
+std::string link_label(const nlohmann::json& link);
 
 // report.html from metrics.json and trace.json documents.
 std::string report_html(const nlohmann::json& metrics, const nlohmann::json& trace);

@@ -675,6 +675,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         config::save_yaml(result.config, result.run_dir / "config.yaml");
     }
 
+    result.command_line = options.command_line;
     result.repeats = options.repeats > 0 ? options.repeats : (options.compare ? 2 : 1);
     result.warmup_steps = options.warmup_steps;
     const int64_t steps = result.config.train.train_iters;

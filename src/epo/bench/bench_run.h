@@ -63,6 +63,9 @@ struct BenchOptions {
     int warmup_steps = 1;
     std::optional<double> comm_compute_ratio;
     std::optional<std::filesystem::path> out_dir;  // default: <logger.log_dir>/<time>-bench
+    // The command as the user started it (run_info.h shell_join), for metrics.json and the
+    // report; "" records rank 0's own command line.
+    std::string command_line;
 };
 
 // Communication counts every collective: the all-to-alls of the comm stream and the gradient and
@@ -133,7 +136,8 @@ struct ScheduleRun {
 
 struct BenchResult {
     std::filesystem::path run_dir;
-    config::Config config;  // the subject: what --moe_a2a_overlap / the config selects
+    std::string command_line;  // BenchOptions::command_line, or rank 0's own
+    config::Config config;     // the subject: what --moe_a2a_overlap / the config selects
     bool proxy = false;
     std::vector<ScheduleRun> runs;
     std::optional<LinkCalibration> calibration;

@@ -210,6 +210,8 @@ void write_calibration(const std::filesystem::path& path, const Calibration& c) 
         j["peak_bf16_tflops"] = *c.peak_bf16_tflops;
     if (c.memory_tbps)
         j["memory_tbps"] = *c.memory_tbps;
+    if (c.peak_fp8_tflops)
+        j["peak_fp8_tflops"] = *c.peak_fp8_tflops;
     const CostParams& p = c.params;
     j["gemm_efficiency"] = p.gemm_efficiency;
     j["dgrad_efficiency"] = p.dgrad_efficiency;
@@ -221,6 +223,8 @@ void write_calibration(const std::filesystem::path& path, const Calibration& c) 
     j["overlap_slowdown"] = p.overlap_slowdown;
     j["flex_overlap_slowdown"] = p.flex_overlap_slowdown;
     j["node_overhead_us"] = p.node_overhead_us;
+    j["comm_launch_us"] = p.comm_launch_us;
+    j["graph_launch_us"] = p.graph_launch_us;
     j["how"] = c.how;
     io::write_file_atomically(path, j.dump(2) + "\n", "the calibration file");
 }
@@ -250,6 +254,8 @@ Calibration read_calibration(const std::filesystem::path& path) {
         c.peak_bf16_tflops = field<double>(j, "peak_bf16_tflops", path);
     if (j.contains("memory_tbps"))
         c.memory_tbps = field<double>(j, "memory_tbps", path);
+    if (j.contains("peak_fp8_tflops"))
+        c.peak_fp8_tflops = field<double>(j, "peak_fp8_tflops", path);
     CostParams& p = c.params;
     p.gemm_efficiency = field<double>(j, "gemm_efficiency", path);
     p.dgrad_efficiency = field<double>(j, "dgrad_efficiency", path);
@@ -264,6 +270,14 @@ Calibration read_calibration(const std::filesystem::path& path) {
     p.overlap_slowdown = field<double>(j, "overlap_slowdown", path);
     p.flex_overlap_slowdown = field<double>(j, "flex_overlap_slowdown", path);
     p.node_overhead_us = field<double>(j, "node_overhead_us", path);
+    // The host's launch costs: files written before they were read take the device's defaults
+    // (an unknown device's file is refused when it is applied).
+    const std::optional<DeviceSpec> device = find_plan_device(c.device);
+    const CostParams defaults = device ? default_params(*device) : CostParams{};
+    p.comm_launch_us = j.contains("comm_launch_us") ? field<double>(j, "comm_launch_us", path)
+                                                    : defaults.comm_launch_us;
+    p.graph_launch_us = j.contains("graph_launch_us") ? field<double>(j, "graph_launch_us", path)
+                                                      : defaults.graph_launch_us;
     c.how = j.value("how", "");
     p.source = "calibration " + path.string();
     const struct {
@@ -272,6 +286,7 @@ Calibration read_calibration(const std::filesystem::path& path) {
         double lo, hi;
     } checks[] = {{"peak_bf16_tflops", c.peak_bf16_tflops.value_or(1), 1e-6, 1e6},
                   {"memory_tbps", c.memory_tbps.value_or(1), 1e-6, 1e6},
+                  {"peak_fp8_tflops", c.peak_fp8_tflops.value_or(1), 1e-6, 1e6},
                   {"gemm_efficiency", p.gemm_efficiency, 1e-3, 1},
                   {"dgrad_efficiency", p.dgrad_efficiency, 1e-3, 2},
                   {"wgrad_efficiency", p.wgrad_efficiency, 1e-3, 2},
@@ -281,7 +296,9 @@ Calibration read_calibration(const std::filesystem::path& path) {
                   {"link_efficiency", p.link_efficiency, 1e-3, 1},
                   {"overlap_slowdown", p.overlap_slowdown, 0, 10},
                   {"flex_overlap_slowdown", p.flex_overlap_slowdown, 0, 10},
-                  {"node_overhead_us", p.node_overhead_us, 0, 1e6}};
+                  {"node_overhead_us", p.node_overhead_us, 0, 1e6},
+                  {"comm_launch_us", p.comm_launch_us, 0, 1e6},
+                  {"graph_launch_us", p.graph_launch_us, 0, 1e6}};
     for (const auto& f : checks) {
         if (!(f.value >= f.lo && f.value <= f.hi)) {
             throw Error(ErrorKind::kUsage,
@@ -304,7 +321,9 @@ void apply_calibration(const Calibration& c, Hardware& hw, CostParams& params) {
         hw.device.peak_bf16_tflops = *c.peak_bf16_tflops;
     if (c.memory_tbps)
         hw.device.memory_tbps = *c.memory_tbps;
-    if (c.peak_bf16_tflops || c.memory_tbps)
+    if (c.peak_fp8_tflops)
+        hw.device.peak_fp8_tflops = *c.peak_fp8_tflops;
+    if (c.peak_bf16_tflops || c.memory_tbps || c.peak_fp8_tflops)
         hw.device.source = "calibrated: " + c.how;
     params = c.params;
     validate_hardware(hw);

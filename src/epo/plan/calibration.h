@@ -31,14 +31,17 @@
 namespace epo::plan {
 
 struct Calibration {
-    std::string device;                                   // the env.gpu id it is for
-    std::optional<double> peak_bf16_tflops, memory_tbps;  // replace the device table's
+    std::string device;  // the env.gpu id it is for
+    // Replace the device table's figures where given.
+    std::optional<double> peak_bf16_tflops, memory_tbps, peak_fp8_tflops;
     CostParams params;
     std::string how;  // what was measured, where, under which load
 };
 
 void write_calibration(const std::filesystem::path& path, const Calibration& calibration);
-// kIo for a missing or unreadable file, kUsage for a malformed one (naming the field).
+// Every figure of CostParams and the device's peaks are read. kIo for a missing or unreadable
+// file, kUsage for a malformed one (naming the field). comm_launch_us and graph_launch_us, which
+// files written before they were read lack, are then the device's defaults (default_params).
 Calibration read_calibration(const std::filesystem::path& path);
 // kConfig when the file is for another device than `hardware` (naming both and the fix).
 void apply_calibration(const Calibration& calibration, Hardware& hardware, CostParams& params);

@@ -78,8 +78,8 @@ NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCal
         for (Gemm g : gemms) {
             g.count *= times;
             g.pass = pass;
-            g.fp8 = m.fp8;
-            if (m.fp8 && pass != GemmPass::kWgrad)
+            g.fp8 = m.fp8 && !g.keeps_bf16;
+            if (g.fp8 && pass != GemmPass::kWgrad)
                 w.elementwise_bytes +=
                     (pass == GemmPass::kForward ? g.m * g.k : g.m * g.n) * (c + 1) * g.count;
             w.gemms.push_back(g);

@@ -61,7 +61,8 @@
 //            module of recompute_modules: core_attn the score and context products, layernorm the
 //            norms' element-wise bytes, mla_up_proj MLA's up projections, moe_act the experts'
 //            activation bytes, moe or mlp the MLP's forward, shared_experts the shared expert
-//   fp8      every weight product at the device's fp8 rate; its input cast to fp8 first (read c,
+//   fp8      every weight product at the device's fp8 rate but the router's and the output
+//            layer's (Gemm::keeps_bf16); its input cast to fp8 first (read c,
 //            write 1 byte an element: the activation in the forward, the output gradient in the
 //            backward; the weights' casts are cached across micro-batches); with flex the
 //            dispatch sends rows in fp8 with one fp32 scale per 128 elements, H + H / 32 + 4
@@ -126,6 +127,9 @@ struct Gemm {
     double count = 1;
     GemmPass pass = GemmPass::kForward;
     bool fp8 = false;  // at the device's fp8 rate (model.fp8: the weight products)
+    // Never fp8: the router and the output layer, which Megatron-Core runs outside Transformer
+    // Engine (the router in moe_router_dtype, the output layer a plain column-parallel linear).
+    bool keeps_bf16 = false;
 };
 
 // What one call does.

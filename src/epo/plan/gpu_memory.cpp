@@ -57,34 +57,52 @@ double recomputed_layer_bytes(const config::Config& cfg) {
 
 }  // namespace
 
+double fp8_weight_copy_bytes(const ModelConfig& m) {
+    if (!m.fp8)
+        return 0;
+    // A row-wise and a column-wise (transposed) copy of one byte each; MXFP8 adds each copy's
+    // E8M0 scale, one byte per 32 elements.
+    return m.fp8_recipe == "mxfp8" ? 2 * (1 + 1.0 / 32) : 2;
+}
+
 LayerParams layer_params(const ModelConfig& m, bool moe_layer) {
     const double H = m.hidden_size, A = m.num_attention_heads;
     const double G = config::num_query_groups(m), d = config::kv_channels(m);
     const double tp = m.tensor_model_parallel_size;
-    double attn = 0;
+    // Attention: the projections' weights (attn) and the rest (biases, the q/k and latent
+    // norms).
+    double attn = 0, attn_other = 0;
     if (m.multi_latent_attention) {
         const double qh = m.qk_head_dim + m.qk_pos_emb_head_dim, ql = m.q_lora_rank.value_or(0);
-        attn = ql > 0 ? H * ql + ql * A * qh + ql : H * A * qh;
+        attn = ql > 0 ? H * ql + ql * A * qh : H * A * qh;
+        attn_other = ql > 0 ? ql : 0;
         attn += H * (m.kv_lora_rank + m.qk_pos_emb_head_dim) +
-                m.kv_lora_rank * A * (m.qk_head_dim + m.v_head_dim) + m.kv_lora_rank;
+                m.kv_lora_rank * A * (m.qk_head_dim + m.v_head_dim);
+        attn_other += m.kv_lora_rank;
         attn += A * m.v_head_dim * H;
     } else {
-        attn = H * (A + 2 * G) * d + A * d * H + (m.add_qkv_bias ? (A + 2 * G) * d : 0) +
-               (m.qk_layernorm ? 2 * d : 0);
+        attn = H * (A + 2 * G) * d + A * d * H;
+        attn_other = (m.add_qkv_bias ? (A + 2 * G) * d : 0) + (m.qk_layernorm ? 2 * d : 0);
     }
     const double norms = (m.normalization == config::Normalization::kLayerNorm ? 2 : 1) * 2 * H;
     const double mlp_per_width = H * (f1_factor(m) + 1);  // both products, per unit of width
     LayerParams p;
-    p.dense = attn / tp + norms;
+    p.gemm_dense = attn / tp;
+    p.dense = (attn + attn_other) / tp + norms;
     if (moe_layer) {
         const double E = m.num_moe_experts.value_or(0);
-        p.dense += E * H;  // router
-        if (m.moe_shared_expert_intermediate_size)
-            p.dense += mlp_per_width * *m.moe_shared_expert_intermediate_size / tp;
+        p.dense += E * H;  // router (bf16 / fp32 products, never fp8)
+        if (m.moe_shared_expert_intermediate_size) {
+            const double shared = mlp_per_width * *m.moe_shared_expert_intermediate_size / tp;
+            p.dense += shared;
+            p.gemm_dense += shared;
+        }
         p.expert = E / m.expert_model_parallel_size * mlp_per_width *
                    config::moe_ffn_hidden_size(m) / config::expert_tensor_parallel_size(m);
     } else {
-        p.dense += mlp_per_width * config::ffn_hidden_size(m) / tp;
+        const double mlp = mlp_per_width * config::ffn_hidden_size(m) / tp;
+        p.dense += mlp;
+        p.gemm_dense += mlp;
     }
     return p;
 }
@@ -160,6 +178,7 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
         StageMemory st;
         st.stage = s;
         double dense = 0, expert = 0, act = 0, transient = 0, widest = 0;
+        double gemm = 0;  // elements of the layers' fp8 product weights
         const std::vector<config::ModelChunk>& chunks = layout.chunks[static_cast<size_t>(s)];
         for (const config::ModelChunk& ch : chunks) {
             for (int i = 0; i < ch.num_layers; ++i) {
@@ -168,6 +187,7 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
                 const LayerParams p = layer_params(m, is_moe);
                 dense += p.dense;
                 expert += p.expert;
+                gemm += p.gemm_dense + p.expert;
                 const double a = layer_activation_bytes(cfg, is_moe);
                 widest = std::max(widest, a);
                 if (!full)
@@ -206,12 +226,14 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
                 const LayerParams p = layer_params(m, last_moe);
                 dense += p.dense + 2 * H * H / t + 3 * H;
                 expert += p.expert;
+                gemm += p.gemm_dense + p.expert + 2 * H * H / t;  // its layer and projection
                 st.activations += st.units_in_flight *
                                       (layer_activation_bytes(cfg, last_moe) + 2 * sb * 2 * H / t) +
                                   4 * sb * V / t;
             }
         }
         st.weights = c * (dense + expert);
+        st.fp8_weights = fp8_weight_copy_bytes(m) * gemm;
         st.main_grads = 4 * (dense + expert);
         const double adam = c == 2 ? 12 : 8;
         st.optimizer = adam * (dist ? dense / dp + expert / edp : dense + expert);

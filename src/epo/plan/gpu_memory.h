@@ -9,6 +9,20 @@
 //   optimizer   12 (P_d / DP + P_e / EDP)        fp32 master + Adam m, v, sharded by the
 //                                                distributed optimizer (12 (P_d + P_e) without
 //                                                it; 8 in fp32 training, the master is the weight)
+//   fp8 weights f P_g                            with fp8 (model.fp8): Transformer Engine casts
+//                                                each product's weight once per step and keeps
+//                                                the cast for every micro-batch: a row-wise copy
+//                                                for the forward and a column-wise (transposed)
+//                                                one for the input gradient, 1 byte an element
+//                                                each, f = 2 (delayed, tensorwise, blockwise;
+//                                                their scales are a few per tensor or per 128 x
+//                                                128 block); MXFP8 adds a 1-byte scale per 32
+//                                                elements to each copy, f = 2 (1 + 1/32). P_g:
+//                                                the weights of the layers' products (attention
+//                                                projections, MLP, experts, shared expert, MTP's
+//                                                layer and projection), not the router, norms,
+//                                                embedding or output layer, which stay bf16.
+//                                                The bf16 weights stay beside them.
 // Activations of one layer and micro-batch (s = S / CP, b = micro batch, h hidden, t = TP;
 // n_sp = s b / t tokens with sequence parallelism, else s b; all 2 bytes but the router's):
 //   norms' inputs         4 n_sp h
@@ -46,7 +60,8 @@
 // the last layer, plus its 2 s b h / t projection input and its own logits).
 //
 // Deliberately not modelled: the CUDA context, NCCL's and DeepEP's buffers and allocator
-// fragmentation (the plan keeps a headroom for them), fp8 weight copies.
+// fragmentation (the plan keeps a headroom for them), fp8 primary weights (fp8_param_gather,
+// which the configuration does not take), activations saved in fp8 (counted at 2 bytes).
 #pragma once
 
 #include <cstdint>
@@ -63,10 +78,11 @@ struct StageMemory {
     double weights = 0;          // bytes
     double main_grads = 0;       // bytes
     double optimizer = 0;        // bytes
+    double fp8_weights = 0;      // bytes: the fp8 copies of the product weights (fp8 on)
     double activations = 0;      // bytes held for the backward at the peak
     double units_in_flight = 0;  // (model chunk, micro-batch) units held at the peak
     double overlap_extra = 0;    // of activations: what EP overlap / delayed wgrad add
-    double total() const { return weights + main_grads + optimizer + activations; }
+    double total() const { return weights + main_grads + optimizer + fp8_weights + activations; }
 };
 
 struct GpuMemory {
@@ -85,7 +101,10 @@ double layer_activation_bytes(const config::Config& cfg, bool moe_layer);
 // One layer's parameter elements on a rank (dense split over TP, experts over EP x ETP).
 struct LayerParams {
     double dense = 0, expert = 0;
+    double gemm_dense = 0;  // of dense: the products' weights (no norms, biases or router)
 };
+// Bytes per product weight element that fp8 adds (the table above): 0 without fp8.
+double fp8_weight_copy_bytes(const config::ModelConfig& m);
 LayerParams layer_params(const config::ModelConfig& m, bool moe_layer);
 
 }  // namespace epo::plan

@@ -157,7 +157,7 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
         case NodeKind::kPreDispatch: {
             attention_work(m, w);
             if (moe) {
-                w.weight_gemms.push_back({Ts, E, H});
+                w.weight_gemms.push_back({.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
                 // Permuting this rank's own Ts k rows (balanced on the sending side), top-k.
                 w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
                 // The shared expert runs here, beside the router (moe_block.cpp).
@@ -190,7 +190,8 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
                 w.weight_gemms.push_back({Tc, H, 2 * H / m.tp_size});
                 const bool last_moe = last >= 0 && s.moe_layers[static_cast<size_t>(last)];
                 if (last_moe) {
-                    w.weight_gemms.push_back({Ts, E, H});
+                    w.weight_gemms.push_back(
+                        {.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
                     w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
                     w.moe_bytes += routed_bytes(m, H * c + 4);
                     w.moe_bytes += routed_bytes(m, H * c);
@@ -198,7 +199,7 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
                 layer.node = NodeKind::kMlp;
                 mlp_work(m, layer, last_moe, 1, w);
             }
-            w.weight_gemms.push_back({Tc, V, H, heads});
+            w.weight_gemms.push_back({.m = Tc, .n = V, .k = H, .count = heads, .keeps_bf16 = true});
             // final norm, softmax + CE
             w.elementwise_bytes += heads * (Ts * H * (4 + c) + Tc * V * (8 + c));
             w.tp_collectives += heads;  // gather before the output layer

@@ -13,7 +13,7 @@ constexpr double kNotesGiB = 1024.0 * 1024.0 * 1024.0;
 
 // What to change when a schedule does not fit: after its largest part.
 std::string memory_fix(const StageMemory& m, const config::Config& cfg) {
-    const double state = m.weights + m.main_grads + m.optimizer;
+    const double state = m.weights + m.main_grads + m.optimizer + m.fp8_weights;
     if (m.activations > state) {
         return cfg.model.recompute_granularity
                    ? "recompute more (model.recompute_granularity=full, "
@@ -54,14 +54,16 @@ void check_memory(PlanResult& r, const config::Config& cfg) {
         }
         const StageMemory& m = e.memory_stage;
         r.notes.push_back(fmt::format(
-            "{} does not fit: stage {} needs {:.1f} GiB per rank (weights {:.1f}, main grads "
+            "{} does not fit: stage {} needs {:.1f} GiB per rank (weights {:.1f}{}, main grads "
             "{:.1f}, optimizer {:.1f}, activations {:.1f} for {:g} micro-batch chunk(s) in "
             "flight), over {:.0f}% of the {:g} GiB of a {} ({:.0f}% kept for the CUDA context, "
             "communication buffers and fragmentation); {}",
-            e.name, m.stage, m.total() / kNotesGiB, m.weights / kNotesGiB, m.main_grads / kNotesGiB,
-            m.optimizer / kNotesGiB, m.activations / kNotesGiB, m.units_in_flight,
-            100 * (1 - r.memory_headroom), r.hardware.device.memory_gb, r.hardware.device.id,
-            100 * r.memory_headroom, memory_fix(m, cfg)));
+            e.name, m.stage, m.total() / kNotesGiB, m.weights / kNotesGiB,
+            m.fp8_weights > 0 ? fmt::format(", fp8 weight copies {:.1f}", m.fp8_weights / kNotesGiB)
+                              : std::string(),
+            m.main_grads / kNotesGiB, m.optimizer / kNotesGiB, m.activations / kNotesGiB,
+            m.units_in_flight, 100 * (1 - r.memory_headroom), r.hardware.device.memory_gb,
+            r.hardware.device.id, 100 * r.memory_headroom, memory_fix(m, cfg)));
     }
 }
 

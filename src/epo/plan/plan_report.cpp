@@ -50,12 +50,14 @@ std::string format_plan(const PlanResult& r) {
         const StageMemory& m = base.memory_stage;
         out += fmt::format(
             "\nmemory (Megatron-Core layout, docs/plan.md \"Memory\"): busiest stage {} of {}: "
-            "weights {:.2f} + main grads {:.2f} + optimizer {:.2f} + activations {:.2f} GiB "
+            "weights {:.2f}{} + main grads {:.2f} + optimizer {:.2f} + activations {:.2f} GiB "
             "({:g} micro-batch chunk(s) in flight) = {:.2f} GiB baseline; usable {:.1f} GiB "
             "({:.0f}% headroom):",
-            m.stage, r.num_stages, gib(m.weights), gib(m.main_grads), gib(m.optimizer),
-            gib(m.activations), m.units_in_flight, gib(m.total()),
-            hw.device.memory_gb * (1 - r.memory_headroom), 100 * r.memory_headroom);
+            m.stage, r.num_stages, gib(m.weights),
+            m.fp8_weights > 0 ? fmt::format(" + fp8 weight copies {:.2f}", gib(m.fp8_weights))
+                              : std::string(),
+            gib(m.main_grads), gib(m.optimizer), gib(m.activations), m.units_in_flight,
+            gib(m.total()), hw.device.memory_gb * (1 - r.memory_headroom), 100 * r.memory_headroom);
         for (const ScheduleEstimate& e : r.runs)
             out += fmt::format(" {} {}", e.name, e.fits ? "fits" : "DOES NOT FIT");
         out += "\n";
@@ -133,6 +135,24 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                         {"node_overhead_us", p.node_overhead_us},
                         {"comm_launch_us", p.comm_launch_us},
                         {"graph_launch_us", p.graph_launch_us}};
+    return j;
+}
+
+nlohmann::ordered_json plan_to_json(const PlanResult& plan, const config::ValidationReport& report,
+                                    const RuntimeGaps& gaps) {
+    nlohmann::ordered_json j = plan_to_json(plan);
+    nlohmann::ordered_json warnings = nlohmann::ordered_json::array();
+    for (const config::Finding& f : report.warnings)
+        warnings.push_back({{"id", f.id},
+                            {"field", f.field},
+                            {"value", f.value},
+                            {"message", f.message},
+                            {"fix", f.fix}});
+    j["validation"] = {{"target", report.target}, {"warnings", warnings}, {"notes", report.notes}};
+    j["runtime"] = {{"can_run_on_cpu", gaps.ids.empty()},
+                    {"gaps", gaps.ids},
+                    {"note", gaps.note.empty() ? nlohmann::ordered_json(nullptr)
+                                               : nlohmann::ordered_json(gaps.note)}};
     return j;
 }
 

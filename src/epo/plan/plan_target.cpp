@@ -19,7 +19,7 @@ bool is_runtime_note(const std::string& note) {
 
 }  // namespace
 
-std::vector<std::string> retarget_for_plan(config::ValidationReport& report) {
+RuntimeGaps retarget_for_plan(config::ValidationReport& report) {
     std::vector<std::string> ids, what;
     for (const config::Finding& f : report.warnings) {
         if (!is_runtime_finding(f))
@@ -36,14 +36,16 @@ std::vector<std::string> retarget_for_plan(config::ValidationReport& report) {
             std::remove_if(report.notes.begin(), report.notes.end(), is_runtime_note),
             report.notes.end());
     }
-    if (!ids.empty()) {
-        report.notes.push_back(fmt::format(
-            "the epo runtime cannot run this configuration to check the plan on CPU ({}: {}); "
-            "the plan is for {}, and `epo validate` lists each gap with its fix",
-            fmt::join(ids, ", "), fmt::join(what, ", "),
-            gpu ? fmt::format("env.gpu {}", report.config.env.gpu) : "this machine"));
-    }
-    return ids;
+    if (ids.empty())
+        return {};
+    RuntimeGaps gaps{
+        ids, fmt::format(
+                 "the epo runtime cannot run this configuration to check the plan on CPU ({}: {}); "
+                 "the plan is for {}, and `epo validate` lists each gap with its fix",
+                 fmt::join(ids, ", "), fmt::join(what, ", "),
+                 gpu ? fmt::format("env.gpu {}", report.config.env.gpu) : "this machine")};
+    report.notes.push_back(gaps.note);
+    return gaps;
 }
 
 }  // namespace epo::plan
