@@ -61,6 +61,9 @@ struct GptShape {
     bool tie_embeddings = false;
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
+    // Selective recompute of the layers' norms and dense MLPs (core_attn is attn's, moe_act and
+    // shared_experts moe's; transformer_layer.h).
+    LayerRecompute recompute;
     // Pipeline parallelism (schedule/pipeline_schedule.h): P stages of V chunks, this rank's
     // stage. Layers are cut into P V blocks of L / (P V); chunk c of stage s holds block c P + s,
     // stage 0 the embedding, stage P-1 the output position.

@@ -1,0 +1,175 @@
+// Selective recompute (model.recompute_granularity=selective, model.recompute_modules): each
+// module, and all of them together, gives the bits of the run without recompute (losses, grad
+// norms, every parameter) in the baseline, the overlap and the overlap + delayed-wgrad
+// schedules; and the recomputed tensors are really not held between forward and backward: the
+// peak activation meter drops by the hand-counted bytes of what each module recomputes.
+//
+// The model is tiny-moe's test shape with a dense first layer (so `mlp` has a dense MLP) and a
+// shared expert (so `shared_experts` has one), on every rank count this binary runs at with
+// EP = world.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "epo/comm/mpi_runtime.h"
+#include "train_test_util.h"
+
+namespace epo::train {
+namespace {
+
+using testing::expect_bit_identical;
+using testing::RunRecord;
+
+// tiny-moe's test shape: T = 2 sequences x 32 = 64 tokens, H 64, 4 heads of 16 in 2 groups,
+// dense FFN 128, 8 experts of FFN 64 (top-2), a shared expert of 64; layer 0 dense, layer 1 MoE.
+// Capacity mode (factor 1, padded): each rank sends every expert exactly its capacity, so the
+// expert rows, and with them the moe_act bytes, are fixed.
+constexpr int64_t kTokens = 64, kHidden = 64, kHeads = 4, kSeq = 32, kSeqs = 2;
+constexpr int64_t kFfn = 128, kExperts = 8, kTopk = 2, kExpertFfn = 64, kSharedFfn = 64;
+constexpr int64_t kBf16 = 2;
+
+std::vector<std::string> overrides(int micro_batches, std::vector<std::string> extra,
+                                   bool capacity) {
+    const int world = comm::current_world_size();
+    std::vector<std::string> o = testing::tiny_shape_overrides();
+    o.insert(o.end(),
+             {"comm.gpus_per_node=" + std::to_string(world),
+              "model.expert_model_parallel_size=" + std::to_string(world),
+              "train.global_batch_size=" + std::to_string(2 * world * micro_batches),
+              "model.moe_layer_freq=[0,1]", "model.moe_shared_expert_intermediate_size=64"});
+    if (capacity) {
+        o.insert(o.end(),
+                 {"model.moe_expert_capacity_factor=1.0", "model.moe_token_drop_policy=probs",
+                  "model.moe_pad_expert_input_to_capacity=true"});
+    }
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+}
+
+// Capacity mode unless `capacity` is false (token chunks need dropless routing, MO007).
+config::Config make(int micro_batches, std::vector<std::string> extra, bool capacity = true) {
+    return epo::testing::run_config("tiny-moe",
+                                    overrides(micro_batches, std::move(extra), capacity));
+}
+
+std::vector<std::string> selective(const std::string& modules) {
+    return {"model.recompute_granularity=selective", "model.recompute_modules=[" + modules + "]"};
+}
+
+const std::vector<std::string> kModules = {
+    "core_attn", "layernorm",      "moe_act",
+    "mlp",       "shared_experts", "core_attn,layernorm,moe_act,mlp,shared_experts"};
+
+struct Schedule {
+    const char* name;
+    std::vector<std::string> overrides;
+};
+
+const std::vector<Schedule>& schedules() {
+    static const std::vector<Schedule> all = {
+        {"baseline", {}},
+        {"overlap",
+         {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+          "comm_overlap.delay_wgrad_compute=false"}},
+        {"overlap+delay_wgrad",
+         {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+          "comm_overlap.delay_wgrad_compute=true"}},
+    };
+    return all;
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
+TEST(Recompute, EachModuleIsBitIdenticalToNoRecomputeInEverySchedule) {
+    constexpr int kSteps = 4, kMicroBatches = 2;
+    const RunRecord plain = testing::record_run(make(kMicroBatches, {}), kSteps);
+    EXPECT_LT(plain.losses.back(), plain.losses.front());
+    for (const Schedule& schedule : schedules()) {
+        for (const std::string& modules : kModules) {
+            SCOPED_TRACE(std::string(schedule.name) + " [" + modules + "]");
+            const config::Config cfg =
+                make(kMicroBatches, joined(schedule.overrides, selective(modules)));
+            ASSERT_EQ(cfg.model.recompute_granularity, config::RecomputeGranularity::kSelective);
+            expect_bit_identical(plain, testing::record_run(cfg, kSteps));
+        }
+    }
+}
+
+// Expert chunks run the experts (and their activation's recompute) one group at a time, token
+// chunks (dropless, MO007) with a dispatcher state each; recompute keeps the bits of each.
+TEST(Recompute, AllModulesWithMoeChunksAreBitIdentical) {
+    constexpr int kSteps = 3, kMicroBatches = 2;
+    for (const char* chunk_by : {"experts", "tokens"}) {
+        SCOPED_TRACE(chunk_by);
+        const bool capacity = std::string(chunk_by) == "experts";
+        const std::vector<std::string> chunks = joined(
+            schedules()[2].overrides, {"model.moe_ep_overlap_num_chunks=2",
+                                       std::string("model.moe_ep_overlap_chunk_by=") + chunk_by});
+        const config::Config off = make(kMicroBatches, chunks, capacity);
+        const config::Config on =
+            make(kMicroBatches, joined(chunks, selective(kModules.back())), capacity);
+        ASSERT_EQ(on.model.moe_ep_overlap_num_chunks, 2);
+        expect_bit_identical(testing::record_run(off, kSteps), testing::record_run(on, kSteps));
+    }
+}
+
+// What each module stops keeping, per micro-batch, by hand (bf16, every tensor a multiple of 64
+// bytes, so the arena adds no padding):
+//   core_attn       the probabilities of both layers: 2 x B A S^2 x 2 bytes
+//   layernorm       n1 and n2 of both layers: 2 x 2 T H x 2 bytes
+//   mlp             the dense layer's fc1 output and activation: T (2F + F) x 2 bytes
+//   shared_experts  the MoE layer's shared expert, the same: T (2Fs + Fs) x 2 bytes
+//   moe_act         the experts' activation: Rp F x 2 bytes, Rp the rows this rank's experts
+//                   receive: with capacity C = T k / E (factor 1) from each of the EP ranks,
+//                   E / EP experts x EP x C rows (padded to 32 per expert: 32 at 2 ranks)
+int64_t expected_saving(const std::string& module, int ep) {
+    const int64_t per_expert_rows = ep * (kTokens * kTopk / kExperts);
+    const int64_t padded = (per_expert_rows + 31) / 32 * 32;
+    const int64_t rp = kExperts / ep * padded;
+    if (module == "core_attn")
+        return 2 * kSeqs * kHeads * kSeq * kSeq * kBf16;
+    if (module == "layernorm")
+        return 2 * 2 * kTokens * kHidden * kBf16;
+    if (module == "mlp")
+        return kTokens * 3 * kFfn * kBf16;
+    if (module == "shared_experts")
+        return kTokens * 3 * kSharedFfn * kBf16;
+    if (module == "moe_act")
+        return rp * kExpertFfn * kBf16;
+    ADD_FAILURE() << module;
+    return 0;
+}
+
+// One micro-batch through the baseline: every layer's forward activations are held together
+// from the output layer until the last layer's backward, which is where the peak is, so the
+// peak drops by exactly what the modules do not keep.
+TEST(Recompute, PeakActivationsDropByWhatEachModuleDoesNotKeep) {
+    constexpr int kSteps = 2;
+    const int ep = comm::current_world_size();
+    const int64_t off = testing::record_run(make(1, {}), kSteps).peak_activation_bytes;
+    int64_t all = 0;
+    for (size_t i = 0; i + 1 < kModules.size(); ++i) {
+        SCOPED_TRACE(kModules[i]);
+        const int64_t on =
+            testing::record_run(make(1, selective(kModules[i])), kSteps).peak_activation_bytes;
+        EXPECT_EQ(off - on, expected_saving(kModules[i], ep));
+        all += expected_saving(kModules[i], ep);
+        if (comm::current_world_rank() == 0) {
+            std::printf("recompute %-14s peak activation bytes %lld -> %lld (saves %lld)\n",
+                        kModules[i].c_str(), static_cast<long long>(off),
+                        static_cast<long long>(on), static_cast<long long>(off - on));
+        }
+    }
+    const int64_t on_all =
+        testing::record_run(make(1, selective(kModules.back())), kSteps).peak_activation_bytes;
+    EXPECT_EQ(off - on_all, all);
+}
+
+}  // namespace
+}  // namespace epo::train
