@@ -223,6 +223,8 @@ TEST(Recompute, PeakActivationsDropByWhatEachModuleDoesNotKeep) {
     const int ep = comm::current_world_size();
     for (const Shape* shape : {&test_shape(), &recipe_shape()}) {
         SCOPED_TRACE(shape->name);
+        if (shape == &recipe_shape() && !two_ranks())
+            continue;  // the larger shape at 2 ranks only, as the bit-identity runs
         // The last step's peak: in the first one an arena that grows counts the unused tail
         // of the chunk it outgrew; steady-state steps (the arenas merged) hold exactly their
         // tensors.
