@@ -176,6 +176,74 @@ TEST(McoreRules, MC008RecomputeSettingsMatchTheGranularity) {
     EXPECT_FALSE(error("MC008", [](Config& c) {
         c.model.recompute_granularity = RecomputeGranularity::kSelective;
     }));
+    // The layer count is at most the layers per pipeline stage (tiny-moe: 2 layers, PP 1).
+    const auto full_with = [](int layers) {
+        return [layers](Config& c) {
+            c.model.recompute_granularity = RecomputeGranularity::kFull;
+            c.model.recompute_method = RecomputeMethod::kBlock;
+            c.model.recompute_num_layers = layers;
+        };
+    };
+    EXPECT_FALSE(error("MC008", full_with(2)));
+    const Finding f = get(check(full_with(3)).errors, "MC008");
+    EXPECT_EQ(f.field, "model.recompute_num_layers");
+    EXPECT_EQ(f.value, "3");
+    EXPECT_NE(f.fix.find("between 1 and 2"), std::string::npos) << f.fix;
+}
+
+TEST(McoreRules, MC010RecomputeModulesTheModelCanRecompute) {
+    const auto selective = [](std::vector<RecomputeModule> modules) {
+        return [modules](Config& c) {
+            c.model.recompute_granularity = RecomputeGranularity::kSelective;
+            c.model.recompute_modules = modules;
+        };
+    };
+    using M = RecomputeModule;
+    EXPECT_FALSE(error(
+        "MC010", selective({M::kCoreAttn, M::kLayernorm, M::kMoeAct, M::kMlp, M::kSharedExperts})));
+    // mla_up_proj needs multi-latent attention.
+    EXPECT_TRUE(error("MC010", selective({M::kMlaUpProj})));
+    EXPECT_FALSE(error("MC010", [&](Config& c) {
+        selective({M::kMlaUpProj})(c);
+        c.model.multi_latent_attention = true;
+    }));
+    // shared_experts cannot recompute an overlapped shared expert.
+    const auto shared = [&](bool overlap) {
+        return [&, overlap](Config& c) {
+            selective({M::kSharedExperts})(c);
+            c.model.moe_shared_expert_intermediate_size = 64;
+            c.model.moe_shared_expert_overlap = overlap;
+        };
+    };
+    EXPECT_TRUE(error("MC010", shared(true)));
+    EXPECT_FALSE(error("MC010", shared(false)));
+    // fp8's delayed scaling: no moe_act or layernorm recompute.
+    for (M m : {M::kMoeAct, M::kLayernorm}) {
+        const auto fp8 = [&](std::string recipe) {
+            return [&, recipe](Config& c) {
+                selective({m})(c);
+                c.model.fp8 = "e4m3";
+                c.model.fp8_recipe = recipe;
+            };
+        };
+        EXPECT_TRUE(error("MC010", fp8("delayed")));
+        EXPECT_FALSE(error("MC010", fp8("tensorwise")));
+    }
+    const Finding f = get(check(selective({M::kMlaUpProj})).errors, "MC010");
+    EXPECT_EQ(f.field, "model.recompute_modules");
+    EXPECT_NE(f.message.find("multi_latent_attention"), std::string::npos) << f.message;
+}
+
+TEST(McoreRules, MC011WarnsModulesWithoutSelectiveGranularity) {
+    const auto modules_only = [](Config& c) {
+        c.model.recompute_modules = std::vector<RecomputeModule>{RecomputeModule::kCoreAttn};
+    };
+    EXPECT_TRUE(has(check(modules_only).warnings, "MC011"));
+    EXPECT_FALSE(has(check([&](Config& c) {
+                         modules_only(c);
+                         c.model.recompute_granularity = RecomputeGranularity::kSelective;
+                     }).warnings,
+                     "MC011"));
 }
 
 TEST(McoreRules, MC009WarnsExpertAndTensorParallelWithoutSequenceParallel) {

@@ -56,6 +56,57 @@ TEST(MemoryEstimate, PairedEdgesHoldAThirdMicroBatchFromThreePerStep) {
     }
 }
 
+TEST(MemoryEstimate, SelectiveRecomputeSubtractsWhatEachModuleDoesNotKeep) {
+    // tiny-moe with a dense first layer and a shared expert of 128: T = 2 x 128 = 256 tokens,
+    // H 256, B 2 sequences of S 128, A 4 heads, top-2 (R = 512 rows), expert F 512, dense F 1024,
+    // bf16 (c = 2). Per module, over the two layers:
+    //   layernorm       2 layers x 2cTH = 2 x 2 x 2 x 256 x 256       =   524,288
+    //   core_attn       2 layers x cBAS^2 = 2 x 2 x 2 x 4 x 128^2     =   524,288
+    //   moe_act         1 MoE layer x cRF = 2 x 512 x 512             =   524,288
+    //   mlp             1 dense layer x cT(2F + F) = 2 x 256 x 3072   = 1,572,864
+    //   shared_experts  1 MoE layer x cT(2Fs + Fs) = 2 x 256 x 384    =   196,608
+    Config base = tiny(2);
+    base.model.moe_layer_freq = std::vector<int>{0, 1};
+    base.model.moe_shared_expert_intermediate_size = 128;
+    const MemoryEstimate off = estimate_rank_memory(base, 2);
+    const std::vector<std::pair<RecomputeModule, int64_t>> cases = {
+        {RecomputeModule::kLayernorm, 524'288},
+        {RecomputeModule::kCoreAttn, 524'288},
+        {RecomputeModule::kMoeAct, 524'288},
+        {RecomputeModule::kMlp, 1'572'864},
+        {RecomputeModule::kSharedExperts, 196'608}};
+    int64_t all = 0;
+    std::vector<RecomputeModule> every;
+    for (const auto& [module, saving] : cases) {
+        SCOPED_TRACE(std::string(enum_name(module)));
+        Config c = base;
+        c.model.recompute_granularity = RecomputeGranularity::kSelective;
+        c.model.recompute_modules = std::vector<RecomputeModule>{module};
+        const MemoryEstimate on = estimate_rank_memory(c, 2);
+        EXPECT_EQ(off.activations - on.activations, saving);
+        EXPECT_GT(on.scratch, off.scratch);  // recomputed in the backward's scratch
+        all += saving;
+        every.push_back(module);
+    }
+    Config c = base;
+    c.model.recompute_granularity = RecomputeGranularity::kSelective;
+    c.model.recompute_modules = every;
+    EXPECT_EQ(off.activations - estimate_rank_memory(c, 2).activations, all);
+    // Null modules are [core_attn]; modules without selective granularity recompute nothing.
+    c.model.recompute_modules.reset();
+    EXPECT_EQ(off.activations - estimate_rank_memory(c, 2).activations, 524'288);
+    c.model.recompute_granularity.reset();
+    c.model.recompute_modules = every;
+    EXPECT_EQ(estimate_rank_memory(c, 2).activations, off.activations);
+    // Two micro-batches in flight save twice.
+    c = base;
+    c.model.overlap_moe_expert_parallel_comm = true;
+    const int64_t overlap_off = estimate_rank_memory(c, 2).activations;
+    c.model.recompute_granularity = RecomputeGranularity::kSelective;
+    c.model.recompute_modules = every;
+    EXPECT_EQ(overlap_off - estimate_rank_memory(c, 2).activations, 2 * all);
+}
+
 TEST(MemoryEstimate, DistributedOptimizerShardsTheMoments) {
     Config c = tiny(1);
     c.comm.gpus_per_node = 2;  // EP 1 over 2 ranks: dense and experts both replicated twice

@@ -28,8 +28,7 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
         {"RT005", [](Config& c) { c.model.sequence_parallel = true; }},
         {"RT006", [](Config& c) { c.model.mtp_num_layers = 1; }},
         {"RT007", [](Config& c) { c.model.multi_latent_attention = true; }},
-        {"RT008",
-         [](Config& c) { c.model.recompute_granularity = RecomputeGranularity::kSelective; }},
+        {"RT008", [](Config& c) { c.model.recompute_granularity = RecomputeGranularity::kFull; }},
         {"RT009",
          [](Config& c) {
              c.model.fp16 = true;
@@ -73,6 +72,11 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.comm.num_nodes = 1;
              c.comm.gpus_per_node = 2;
              c.train.global_batch_size = 3 * c.train.micro_batch_size;
+         }},
+        {"RT034",
+         [](Config& c) {
+             c.model.recompute_granularity = RecomputeGranularity::kSelective;
+             c.model.recompute_modules = {RecomputeModule::kCoreAttn, RecomputeModule::kMoe};
          }},
         {"RT026",
          [](Config& c) {
@@ -142,6 +146,35 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines
         uses().at(id)(c);
         EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
     }
+}
+
+TEST(RuntimeSupport, CurrentRuntimeRunsSelectiveRecomputeButNotFullOrTheMoeModule) {
+    const auto findings = [](std::optional<RecomputeGranularity> granularity,
+                             std::optional<std::vector<RecomputeModule>> modules) {
+        Config c = make_recipe("tiny-moe");
+        c.model.recompute_granularity = granularity;
+        c.model.recompute_modules = std::move(modules);
+        return runtime_findings(c, RuntimeCapabilities::current());
+    };
+    using M = RecomputeModule;
+    const auto selective = RecomputeGranularity::kSelective;
+    // Null modules are Megatron-Core's default, [core_attn].
+    EXPECT_TRUE(findings(selective, std::nullopt).empty());
+    for (M m : {M::kCoreAttn, M::kLayernorm, M::kMoeAct, M::kMlp, M::kSharedExperts}) {
+        SCOPED_TRACE(std::string(enum_name(m)));
+        EXPECT_TRUE(findings(selective, std::vector<M>{m}).empty());
+    }
+    for (M m : {M::kMoe, M::kMlaUpProj}) {
+        const auto f = findings(selective, std::vector<M>{M::kLayernorm, m});
+        ASSERT_EQ(runtime_ids(f), std::vector<std::string>{"RT034"});
+        EXPECT_EQ(f[0].field, "model.recompute_modules");
+        EXPECT_EQ(f[0].value.rfind(std::string(enum_name(m)), 0), 0u) << f[0].value;
+    }
+    const auto full = findings(RecomputeGranularity::kFull, std::nullopt);
+    ASSERT_EQ(runtime_ids(full), std::vector<std::string>{"RT008"});
+    EXPECT_NE(full[0].fix.find("selective"), std::string::npos);
+    // Modules without selective granularity recompute nothing (and ask for nothing).
+    EXPECT_TRUE(findings(std::nullopt, std::vector<M>{M::kMoe}).empty());
 }
 
 TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {

@@ -62,6 +62,15 @@ int virtual_pipeline_size(const ModelConfig& m) {
     return m.virtual_pipeline_model_parallel_size.value_or(1);
 }
 
+bool recomputes_module(const ModelConfig& m, RecomputeModule module) {
+    if (m.recompute_granularity != RecomputeGranularity::kSelective)
+        return false;
+    if (!m.recompute_modules)
+        return module == RecomputeModule::kCoreAttn;
+    return std::find(m.recompute_modules->begin(), m.recompute_modules->end(), module) !=
+           m.recompute_modules->end();
+}
+
 std::vector<bool> moe_layer_pattern(const ModelConfig& m) {
     const int num_layers = std::clamp(m.num_layers, 0, kMaxNumLayers);
     std::vector<bool> pattern(num_layers, false);

@@ -68,6 +68,9 @@ int expert_tensor_parallel_size(const ModelConfig& m);
 int virtual_pipeline_size(const ModelConfig& m);  // 1 when null
 // One entry per layer: true where the layer is an MoE layer (all false for a dense model).
 std::vector<bool> moe_layer_pattern(const ModelConfig& m);
+// Whether selective recompute recomputes `module`: recompute_granularity selective and the
+// module in recompute_modules (null means [core_attn], Megatron-Core's default).
+bool recomputes_module(const ModelConfig& m, RecomputeModule module);
 
 // Products below saturate at the int64 limits instead of overflowing (sizes are unchecked input).
 std::int64_t model_parallel_size(const ModelConfig& m);  // TP * PP * CP

@@ -73,7 +73,26 @@ ParamCounts param_counts(const Config& cfg, const Widths& w) {
 struct LayerBytes {
     int64_t fwd = 0;
     int64_t bwd = 0;
+    int64_t recomputed = 0;  // what selective recompute writes to scratch instead of fwd
 };
+
+// What each selected module does not keep (the header's recompute line), for one layer.
+int64_t recompute_saving(const Config& cfg, const Widths& w, bool moe) {
+    const ModelConfig& m = cfg.model;
+    const int64_t c = w.c, T = w.T, H = w.H, R = T * w.k;
+    int64_t saved = 0;
+    if (recomputes_module(m, RecomputeModule::kLayernorm))
+        saved += 2 * c * T * H;
+    if (recomputes_module(m, RecomputeModule::kCoreAttn))
+        saved += c * w.B * w.A * w.S * w.S;
+    if (moe && recomputes_module(m, RecomputeModule::kMoeAct))
+        saved += c * R * w.F;
+    if (moe && w.Fs > 0 && recomputes_module(m, RecomputeModule::kSharedExperts))
+        saved += c * T * (w.f1s + w.Fs);
+    if (!moe && recomputes_module(m, RecomputeModule::kMlp))
+        saved += c * T * (w.f1d + w.Fd);
+    return saved;
+}
 
 // The per-layer formulas of the header, one micro-batch.
 LayerBytes layer_bytes(const Config& cfg, const Widths& w, bool moe) {
@@ -95,6 +114,8 @@ LayerBytes layer_bytes(const Config& cfg, const Widths& w, bool moe) {
         b.fwd += c * T * (w.f1d + w.Fd);
         b.bwd += c * T * w.f1d;
     }
+    b.recomputed = recompute_saving(cfg, w, moe);
+    b.fwd -= b.recomputed;
     return b;
 }
 
@@ -142,7 +163,15 @@ ActivationBytes activation_bytes(const Config& cfg) {
 
 int64_t scratch_bytes(const Config& cfg) {
     const Widths w = widths_of(cfg);
-    return 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
+    int64_t recomputed = 0;  // the largest layer's recomputed tensors, in scratch
+    for (bool moe : moe_layer_pattern(cfg.model))
+        recomputed = std::max(recomputed, layer_bytes(cfg, w, moe).recomputed);
+    if (recomputes_module(cfg.model, RecomputeModule::kCoreAttn)) {
+        // One head's P and scores at a time, instead of the layer's probabilities.
+        recomputed += (w.c + 4) * w.S * w.S - w.c * w.B * w.A * w.S * w.S;
+    }
+    return 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H +
+           std::max<int64_t>(0, recomputed);
 }
 
 int micro_batches_in_flight(const Config& cfg) {

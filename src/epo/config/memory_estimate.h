@@ -30,6 +30,11 @@
 //   bwd = cTH dout + cTW dqkv + cTH d_out_c + 4TH dn2
 //         MoE: 6TE router + 5cRH dispatch gradients + cR f1 [+ cT f1s]   dense: cT f1
 //   output = 4TH x + cTH normed + 4T + cTV dlogits + 4TH d_normed
+// Selective recompute (recompute_modules) takes out of fwd what it does not keep and puts it in
+// the scratch of the node that recomputes it (an upper bound: the modules' recomputed tensors
+// added up, though they live in different nodes):
+//   layernorm 2cTH (n1, n2)   core_attn cBAS^2 (probs; scratch (c + 4) S^2, one head's P and
+//   scores)   moe_act cRF   mlp cT(f1 + F) (dense layers)   shared_experts cT(f1s + Fs)
 // Received rows are taken as R (uniform routing); expert-row padding (32 rows per expert) is
 // left out. Measured against the peak RSS (VmHWM) of real runs, docs/runtime.md "Memory".
 //

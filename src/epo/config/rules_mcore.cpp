@@ -12,10 +12,18 @@
 //   MC005  shared-expert overlap needs the alltoall or flex dispatcher.
 //   MC006  the flex dispatcher's deepep backend cannot pad expert inputs to capacity.
 //   MC007  sequence parallelism needs tensor parallelism (TP > 1).
-//   MC008  full recompute needs a method and a layer count; selective takes no layer count.
+//   MC008  full recompute needs a method and a layer count between 1 and the layers per
+//          pipeline stage; selective takes no layer count.
 //   MC009  (warning) EP > 1 with TP > 1 should use sequence parallelism.
+//   MC010  selective recompute of a module the model lacks or cannot recompute: mla_up_proj
+//          without multi-latent attention, shared_experts with shared-expert overlap, moe_act or
+//          layernorm with fp8's delayed scaling.
+//   MC011  (warning) recompute_modules without recompute_granularity=selective: the modules are
+//          ignored (Megatron-Core reads them only for selective recompute).
 //
 // Rules read the user's values (before finalization), as the reference does at construction.
+#include <algorithm>
+
 #include "epo/config/rules.h"
 
 namespace epo::config {
@@ -122,6 +130,12 @@ void check_recompute_settings(const RuleContext& ctx) {
                       fmt::format("set model.recompute_num_layers between 1 and {} (the layers "
                                   "per pipeline stage)",
                                   per_stage));
+        } else if (*m.recompute_num_layers > per_stage && per_stage > 0) {
+            ctx.error("MC008", "model.recompute_num_layers", show(m.recompute_num_layers),
+                      fmt::format("full recompute's layer count must be between 1 and the "
+                                  "layers per pipeline stage, {} (num_layers {} / PP {})",
+                                  per_stage, m.num_layers, m.pipeline_model_parallel_size),
+                      fmt::format("set model.recompute_num_layers between 1 and {}", per_stage));
         }
     } else if (m.recompute_granularity == RecomputeGranularity::kSelective &&
                m.recompute_num_layers) {
@@ -132,12 +146,56 @@ void check_recompute_settings(const RuleContext& ctx) {
     }
 }
 
+bool lists(const ModelConfig& m, RecomputeModule module) {
+    return m.recompute_modules &&
+           std::find(m.recompute_modules->begin(), m.recompute_modules->end(), module) !=
+               m.recompute_modules->end();
+}
+
+void check_recompute_modules(const RuleContext& ctx) {
+    const ModelConfig& m = ctx.user.model;
+    if (m.recompute_modules && !m.recompute_modules->empty() &&
+        m.recompute_granularity != RecomputeGranularity::kSelective) {
+        ctx.warn("MC011", "model.recompute_modules", show(m.recompute_modules),
+                 fmt::format("recompute_granularity is {}: the modules are recomputed only with "
+                             "selective recompute, so nothing is recomputed by them",
+                             show(m.recompute_granularity)),
+                 "set model.recompute_granularity=selective (--recompute_modules sets both), or "
+                 "model.recompute_modules=null");
+    }
+    if (m.recompute_granularity != RecomputeGranularity::kSelective)
+        return;
+    if (lists(m, RecomputeModule::kMlaUpProj) && !m.multi_latent_attention) {
+        ctx.error("MC010", "model.recompute_modules", show(m.recompute_modules),
+                  "mla_up_proj recomputes multi-latent attention's up projections, but "
+                  "model.multi_latent_attention is false",
+                  "drop mla_up_proj from model.recompute_modules, or use multi-latent attention");
+    }
+    if (lists(m, RecomputeModule::kSharedExperts) && m.moe_shared_expert_intermediate_size &&
+        m.moe_shared_expert_overlap) {
+        ctx.error("MC010", "model.recompute_modules", show(m.recompute_modules),
+                  "shared_experts recompute cannot work with shared-expert overlap "
+                  "(model.moe_shared_expert_overlap=true)",
+                  "drop shared_experts from model.recompute_modules, or set "
+                  "model.moe_shared_expert_overlap=false");
+    }
+    if (m.fp8 && m.fp8_recipe == "delayed" &&
+        (lists(m, RecomputeModule::kMoeAct) || lists(m, RecomputeModule::kLayernorm))) {
+        ctx.error("MC010", "model.recompute_modules", show(m.recompute_modules),
+                  "fp8's delayed scaling (fp8_recipe=delayed) does not support moe_act and "
+                  "layernorm recompute",
+                  "drop moe_act and layernorm from model.recompute_modules, or use another "
+                  "fp8_recipe (tensorwise, mxfp8, blockwise)");
+    }
+}
+
 }  // namespace
 
 void check_mcore(const RuleContext& ctx) {
     check_groups(ctx);
     check_router_and_dispatcher(ctx);
     check_recompute_settings(ctx);
+    check_recompute_modules(ctx);
 }
 
 }  // namespace epo::config

@@ -1,6 +1,7 @@
 #include "epo/config/runtime_support.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <functional>
 #include <optional>
@@ -82,12 +83,14 @@ const std::vector<FeatureRow>& rows() {
              return when(c.model.multi_latent_attention, "model.multi_latent_attention", "true");
          },
          "set model.multi_latent_attention=false"},
-        {{"RT008", "activation recompute", &RC::activation_recompute},
+        // Selective recompute runs (model/transformer_layer.h), but for the modules of RT034.
+        {{"RT008", "full activation recompute (recompute_granularity=full)", &RC::full_recompute},
          [](C c) {
-             return when(c.model.recompute_granularity.has_value(), "model.recompute_granularity",
-                         show(c.model.recompute_granularity));
+             return when(c.model.recompute_granularity == RecomputeGranularity::kFull,
+                         "model.recompute_granularity", "full");
          },
-         "set model.recompute_granularity=null"},
+         "use model.recompute_granularity=selective with model.recompute_modules (core_attn, "
+         "layernorm, moe_act, mlp, shared_experts run), or null"},
         {{"RT009", "fp16 training with loss scaling", &RC::fp16},
          [](C c) { return when(c.model.fp16, "model.fp16", "true"); },
          "use model.bf16=true and model.fp16=false"},
@@ -265,6 +268,21 @@ const std::vector<FeatureRow>& rows() {
          "use a global batch whose micro-batch count (global batch / (micro batch x DP)) is a "
          "multiple of model.pipeline_model_parallel_size, or "
          "model.virtual_pipeline_model_parallel_size=null"},
+        // The MoE layer whole would re-run its all-to-alls in the backward; MLA's up
+        // projections belong to multi-latent attention (RT007).
+        {{"RT034", "selective recompute of the moe or mla_up_proj module", &RC::recompute_moe_mla},
+         [](C c) {
+             std::vector<std::string> modules;
+             for (RecomputeModule m : {RecomputeModule::kMoe, RecomputeModule::kMlaUpProj}) {
+                 if (recomputes_module(c.model, m))
+                     modules.emplace_back(enum_name(m));
+             }
+             return when(!modules.empty(), "model.recompute_modules",
+                         fmt::format("{} (in {})", fmt::join(modules, ", "),
+                                     show(c.model.recompute_modules)));
+         },
+         "drop moe and mla_up_proj from model.recompute_modules (core_attn, layernorm, moe_act, "
+         "mlp and shared_experts run)"},
     };
     return table;
 }

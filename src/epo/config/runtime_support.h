@@ -28,7 +28,7 @@ struct RuntimeCapabilities {
     bool sequence_parallel = false;           // RT005
     bool multi_token_prediction = false;      // RT006
     bool multi_latent_attention = false;      // RT007
-    bool activation_recompute = false;        // RT008
+    bool full_recompute = false;              // RT008 (selective recompute runs)
     bool fp16 = false;                        // RT009
     bool fp32_training = false;               // RT010
     bool shared_expert_overlap = false;       // RT011
@@ -51,6 +51,7 @@ struct RuntimeCapabilities {
     bool uneven_pipeline = false;             // RT031
     bool fp8_training = false;                // RT032
     bool interleaved_partial_group = false;   // RT033
+    bool recompute_moe_mla = false;           // RT034 (the moe / mla_up_proj modules)
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

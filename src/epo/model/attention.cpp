@@ -98,6 +98,15 @@ void causal_softmax(const float* scores, float scale, int64_t S, void* p, DType 
     }
 }
 
+// One head's probabilities p (S, S) compute dtype = causal_softmax(q k^T * scale), with
+// scores (S, S) f32 as workspace. The forward and core_attn's recompute both call it, so the
+// recomputed P has the forward's bits.
+void head_probs(const Matrix& q, const Matrix& k, float scale, const Tensor& scores, char* p,
+                DType p_type, std::vector<float>& row) {
+    kernels::gemm(q, k, kernels::as_matrix(scores), {.trans_b = true});
+    causal_softmax(scores.data<float>(), scale, q.rows, p, p_type, row);
+}
+
 }  // namespace
 
 AttentionParams make_attention_params(const AttentionShape& s, DType compute_dtype,
@@ -139,8 +148,10 @@ void attention_forward(const AttentionShape& s, const AttentionParams& params,
                   G, T, ctx.k, ctx.k_pre, ctx.k_rstd, saved, scratch);
     scatter_cols_from(qkv.data<float>(), W, (A + G) * d, G * d, T, ctx.v);
 
-    // Core attention per sequence and head.
-    ctx.probs = saved.alloc({B, A, S, S}, cd);
+    // Core attention per sequence and head. Recomputed, each head's P lives in one scratch
+    // (S, S) buffer until its context product.
+    ctx.probs = s.recompute_core_attn ? Tensor() : saved.alloc({B, A, S, S}, cd);
+    Tensor head_p = s.recompute_core_attn ? scratch.alloc({S, S}, cd) : Tensor();
     ctx.ctx = saved.alloc({T, A * d}, cd);
     Tensor scores = scratch.alloc({S, S}, DType::kF32);
     std::vector<float> row(static_cast<size_t>(S));
@@ -153,9 +164,10 @@ void attention_forward(const AttentionShape& s, const AttentionParams& params,
             const Matrix q = block(ctx.q, b * S * A * d + h * d, S, d, A * d);
             const Matrix k = block(ctx.k, b * S * G * d + g * d, S, d, G * d);
             const Matrix v = block(ctx.v, b * S * G * d + g * d, S, d, G * d);
-            kernels::gemm(q, k, kernels::as_matrix(scores), {.trans_b = true});
-            char* p = static_cast<char*>(ctx.probs.raw()) + ((b * A + h) * S * S) * es;
-            causal_softmax(scores.data<float>(), scale, S, p, cd, row);
+            char* p = s.recompute_core_attn
+                          ? static_cast<char*>(head_p.raw())
+                          : static_cast<char*>(ctx.probs.raw()) + ((b * A + h) * S * S) * es;
+            head_probs(q, k, scale, scores, p, cd, row);
             kernels::gemm(Matrix{p, cd, S, S, S}, v,
                           block(ctx.ctx, b * S * A * d + h * d, S, d, A * d));
         }
@@ -169,9 +181,10 @@ void attention_forward(const AttentionShape& s, const AttentionParams& params,
 void attention_backward_dgrad(const AttentionShape& s, AttentionParams& params,
                               const RopeTable& rope, const Tensor& dout, const Tensor& dx,
                               AttentionContext& ctx, Arena& saved, Arena& scratch) {
-    const int64_t T = ctx.x.dim(0), S = s.seq_length, B = T / S, A = s.num_heads, G = s.num_groups,
+    // T and the dtype from q: the input x may have been recomputed away (layernorm recompute).
+    const int64_t T = ctx.q.dim(0), S = s.seq_length, B = T / S, A = s.num_heads, G = s.num_groups,
                   d = s.head_dim, W = qkv_width(s);
-    const DType cd = ctx.x.dtype();
+    const DType cd = ctx.q.dtype();
     const size_t es = dtype_size(cd);
 
     ctx.dout = saved.alloc({T, s.hidden}, cd);
@@ -188,6 +201,10 @@ void attention_backward_dgrad(const AttentionShape& s, AttentionParams& params,
     Tensor dv = scratch.alloc({T, G * d}, DType::kF32);
     Tensor dp = scratch.alloc({S, S}, DType::kF32);
     Tensor ds = scratch.alloc({S, S}, cd);
+    // core_attn recompute: each head's P again, from q and k, into scratch.
+    const bool recompute = !ctx.probs.defined();
+    Tensor head_p = recompute ? scratch.alloc({S, S}, cd) : Tensor();
+    Tensor scores = recompute ? scratch.alloc({S, S}, DType::kF32) : Tensor();
     std::vector<float> prow(static_cast<size_t>(S)), srow(static_cast<size_t>(S));
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const int64_t heads_per_group = A / G;
@@ -199,7 +216,10 @@ void attention_backward_dgrad(const AttentionShape& s, AttentionParams& params,
             const Matrix k = block(ctx.k, b * S * G * d + g * d, S, d, G * d);
             const Matrix v = block(ctx.v, b * S * G * d + g * d, S, d, G * d);
             const Matrix dc = block(dctx, b * S * A * d + h * d, S, d, A * d);
-            char* p = static_cast<char*>(ctx.probs.raw()) + ((b * A + h) * S * S) * es;
+            char* p = recompute ? static_cast<char*>(head_p.raw())
+                                : static_cast<char*>(ctx.probs.raw()) + ((b * A + h) * S * S) * es;
+            if (recompute)
+                head_probs(q, k, scale, scores, p, cd, prow);
             const Matrix pm{p, cd, S, S, S};
             kernels::gemm(dc, v, kernels::as_matrix(dp), {.trans_b = true});
             for (int64_t i = 0; i < S; ++i) {

@@ -14,7 +14,10 @@
 //          ascending order); inverse rope; qk-norm backward; dx = dqkv Wqkv
 //   wgrad: dWproj += dout^T ctx; dWqkv += dqkv^T x        (into main_grad)
 // Attention probabilities are kept in the compute dtype for the backward (as flash-attention
-// keeps P for dV); softmax and all products accumulate in f32.
+// keeps P for dV); softmax and all products accumulate in f32. With selective recompute of
+// core_attn (AttentionShape::recompute_core_attn, Megatron-Core's "core_attn" module) they are
+// not kept: the forward writes each head's P to scratch, and dgrad recomputes it from the kept
+// q and k with the same products (the forward's bits), saving B A S^2 elements per layer.
 //
 // Letters: T tokens = B sequences x S positions, H hidden, A heads, G query groups, d head dim.
 #pragma once
@@ -35,6 +38,7 @@ struct AttentionShape {
     int64_t seq_length = 0;  // S
     bool qk_layernorm = false;
     float norm_eps = 1e-6f;
+    bool recompute_core_attn = false;  // P not kept: recomputed in dgrad
 };
 
 struct AttentionParams {
@@ -50,13 +54,14 @@ AttentionParams make_attention_params(const AttentionShape& shape, DType compute
 // What forward saves for backward and what dgrad saves for wgrad (one per micro-batch and
 // layer; tensors live in the arena passed to forward/dgrad).
 struct AttentionContext {
-    Tensor x;        // (T, H) compute dtype: the input (a view the caller keeps alive)
+    Tensor x;        // (T, H) compute dtype: the input (a view the caller keeps alive until
+                     // wgrad; dgrad does not read it, so a recomputed input may be set anew)
     Tensor q_pre;    // (T A, d) f32: queries before qk-norm (qk_layernorm only)
     Tensor k_pre;    // (T G, d) f32
     Tensor q_rstd;   // (T A) f32
     Tensor k_rstd;   // (T G) f32
     Tensor q, k, v;  // (T, A d), (T, G d), (T, G d) compute dtype: after norm and rope
-    Tensor probs;    // (B, A, S, S) compute dtype
+    Tensor probs;    // (B, A, S, S) compute dtype (undefined with recompute_core_attn)
     Tensor ctx;      // (T, A d) compute dtype
     Tensor dout;     // (T, H) compute dtype, saved by dgrad
     Tensor dqkv;     // (T, (A + 2G) d) compute dtype, saved by dgrad

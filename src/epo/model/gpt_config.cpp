@@ -16,13 +16,15 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
     s.vocab = m.vocab_size.value_or(0);
     s.seq_length = m.seq_length;
     s.micro_batch_size = cfg.train.micro_batch_size;
-    s.attn = AttentionShape{.hidden = m.hidden_size,
-                            .num_heads = m.num_attention_heads,
-                            .num_groups = config::num_query_groups(m),
-                            .head_dim = config::kv_channels(m),
-                            .seq_length = m.seq_length,
-                            .qk_layernorm = m.qk_layernorm,
-                            .norm_eps = static_cast<float>(m.layernorm_epsilon)};
+    s.attn = AttentionShape{
+        .hidden = m.hidden_size,
+        .num_heads = m.num_attention_heads,
+        .num_groups = config::num_query_groups(m),
+        .head_dim = config::kv_channels(m),
+        .seq_length = m.seq_length,
+        .qk_layernorm = m.qk_layernorm,
+        .norm_eps = static_cast<float>(m.layernorm_epsilon),
+        .recompute_core_attn = config::recomputes_module(m, config::RecomputeModule::kCoreAttn)};
     s.norm_eps = static_cast<float>(m.layernorm_epsilon);
     s.rotary_base = m.rotary_base;
     s.init_std = static_cast<float>(m.init_method_std);
@@ -38,6 +40,9 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
     s.tie_embeddings = m.share_embeddings_and_output_weights;
     s.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
     s.compute_dtype = m.bf16 ? DType::kBF16 : DType::kF32;
+    s.recompute = LayerRecompute{
+        .layernorm = config::recomputes_module(m, config::RecomputeModule::kLayernorm),
+        .mlp = config::recomputes_module(m, config::RecomputeModule::kMlp)};
     const config::PipelineLayout layout = config::pipeline_layout(m);
     s.pipeline_size = layout.num_stages;
     s.virtual_pipeline_size = layout.num_chunks;

@@ -110,7 +110,8 @@ GptModel::GptModel(const GptShape& shape)
                      .moe = shape.moe,
                      .num_local_experts = shape.num_local_experts(),
                      .gradient_accumulation_fusion = shape.gradient_accumulation_fusion,
-                     .compute_dtype = cd};
+                     .compute_dtype = cd,
+                     .recompute = shape.recompute};
         layer_shapes_.push_back(s);
     }
     layers_.reserve(static_cast<size_t>(shape.num_layers));

@@ -67,6 +67,9 @@ struct GptShape {
     bool tie_embeddings = false;
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
+    // Selective recompute of the layers' norms and dense MLPs (core_attn is attn's, moe_act and
+    // shared_experts moe's; transformer_layer.h).
+    LayerRecompute recompute;
     // Pipeline parallelism (schedule/pipeline_schedule.h): P stages of V model chunks, this
     // rank's stage, and the layers each chunk holds: config/pipeline_layout.h's layout (even,
     // uneven first / last stages, Megatron's layout string), [stage][chunk]. Stage 0 holds the

@@ -41,6 +41,25 @@ void rmsnorm_forward(const Tensor& x, const Param& weight, float eps, const Tens
     }
 }
 
+void rmsnorm_recompute(const Tensor& x, const Param& weight, const Tensor& rstd, const Tensor& y) {
+    const int64_t n = x.dim(0), d = x.row_size();
+    EPO_CHECK(y.numel() == x.numel() && weight.master.numel() == d && rstd.numel() == n,
+              "rmsnorm recompute shapes x {} y {} w {} rstd {}", x.shape().str(), y.shape().str(),
+              weight.master.shape().str(), rstd.shape().str());
+    const float* w = norm_weight(weight);
+    const float* r = rstd.data<float>();
+    std::vector<float> row(static_cast<size_t>(d));
+    const size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
+    for (int64_t t = 0; t < n; ++t) {
+        kernels::load_row(static_cast<const char*>(x.raw()) + t * d * xs, x.dtype(), row.data(), d);
+        const float inv = r[t];
+        // The forward's expression: (x * rstd) * w, so the bits are the forward's.
+        for (int64_t j = 0; j < d; ++j)
+            row[j] = row[j] * inv * w[j];
+        kernels::store_row(row.data(), static_cast<char*>(y.raw()) + t * d * ys, y.dtype(), d);
+    }
+}
+
 void rmsnorm_backward(const Tensor& x, Param& weight, const Tensor& rstd, const Tensor& dy,
                       const Tensor& dx_acc, const Tensor& dw_workspace) {
     const int64_t n = x.dim(0), d = x.row_size();

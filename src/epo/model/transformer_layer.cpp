@@ -43,6 +43,58 @@ int chunk_of(const LayerShape& s, const NodeArgs& a) {
     return chunked ? a.moe_chunk : 0;
 }
 
+// ---- Selective recompute of the norms (layernorm) and the dense MLP (mlp): see the header.
+
+// n1 / n2 in the compute dtype: the kept one, or recomputed from the layer input / the residual
+// and the kept rstd into `scratch`, pointed at by every context that reads it.
+Tensor normed1(const LayerShape& s, const LayerParams& p, LayerState& st, Arena& scratch) {
+    if (!st.n1.defined()) {
+        st.n1 = scratch.alloc({s.tokens, s.hidden}, s.compute_dtype);
+        rmsnorm_recompute(st.x, p.input_norm, st.rstd1, st.n1);
+        st.attn.x = st.n1;
+    }
+    return st.n1;
+}
+
+Tensor normed2(const LayerShape& s, const LayerParams& p, LayerState& st, Arena& scratch) {
+    if (!st.n2.defined()) {
+        st.n2 = scratch.alloc({s.tokens, s.hidden}, s.compute_dtype);
+        rmsnorm_recompute(st.h, p.pre_mlp_norm, st.rstd2, st.n2);
+        if (!s.is_moe) {
+            st.mlp.x = st.n2;
+            return st.n2;
+        }
+        if (st.router_reads_n2)
+            st.moe.router.x = st.n2;
+        if (s.moe.has_shared_experts())
+            st.moe.shared.x = st.n2;
+    }
+    return st.n2;
+}
+
+// At the end of a compute node: forgets the views of the node's scratch (recomputed norms, the
+// dense MLP's and shared expert's recomputed tensors), so that a later node recomputes them
+// instead of reading reset memory.
+void forget_recomputed(const LayerShape& s, LayerState& st) {
+    if (s.recompute.layernorm) {
+        st.n1 = st.n2 = st.attn.x = Tensor();
+        if (!s.is_moe) {
+            st.mlp.x = Tensor();
+        } else {
+            if (st.router_reads_n2)
+                st.moe.router.x = Tensor();
+            if (s.moe.has_shared_experts())
+                st.moe.shared.x = Tensor();
+        }
+    }
+    moe::drop_recomputed(s.is_moe ? st.moe.shared : st.mlp);
+}
+
+// Where a tensor the layer does not keep is allocated in the forward: the node's scratch.
+Arena& home(bool recomputed, LayerState& st, const NodeArgs& a) {
+    return recomputed ? *a.scratch : st.arena;
+}
+
 }  // namespace
 
 LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
@@ -100,19 +152,26 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
     const int64_t T = s.tokens, H = s.hidden;
     const DType cd = s.compute_dtype;
     Arena& ar = st.arena;
-    st.n1 = ar.alloc({T, H}, cd);
+    const bool ln = s.recompute.layernorm;
+    st.n1 = home(ln, st, a).alloc({T, H}, cd);
     st.rstd1 = ar.alloc({T}, DType::kF32);
     rmsnorm_forward(st.x, p.input_norm, s.norm_eps, st.n1, st.rstd1);
     st.h = ar.alloc({T, H}, DType::kF32);
     st.h.copy_from(st.x);  // residual: attention accumulates into it
     attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, ar, *a.scratch);
-    st.n2 = ar.alloc({T, H}, cd);
+    // A dense layer's n2 feeds the mlp node: recomputed, it is computed again there.
+    st.n2 = home(ln, st, a).alloc({T, H}, cd);
     st.rstd2 = ar.alloc({T}, DType::kF32);
     rmsnorm_forward(st.h, p.pre_mlp_norm, s.norm_eps, st.n2, st.rstd2);
-    if (!s.is_moe)
+    if (!s.is_moe) {
+        forget_recomputed(s, st);
         return;
+    }
 
-    moe::block_pre_dispatch_forward(block_of(s, p, a), st.n2, s.num_sequences, st.moe, ar);
+    moe::block_pre_dispatch_forward(block_of(s, p, a), st.n2, s.num_sequences, st.moe, ar,
+                                    a.scratch);
+    st.router_reads_n2 = st.moe.router.x.raw() == st.n2.raw();
+    forget_recomputed(s, st);
     const moe::RouterOutput& router = st.moe.router;
     stats.aux_loss += router.aux_loss;
     stats.z_loss += router.z_loss;
@@ -129,12 +188,16 @@ void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                  const NodeArgs& a) {
     if (!s.is_moe) {
+        const Tensor n2 = normed2(s, p, st, *a.scratch);
         Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
-        moe::shared_expert_forward(p.dense, st.n2, y, st.mlp, st.arena);
+        moe::shared_expert_forward(
+            p.dense, n2, y, st.mlp, st.arena,
+            s.recompute.mlp ? moe::FfnRecompute::kAll : moe::FfnRecompute::kNone, a.scratch);
         add_into(st.h, y, out);
+        forget_recomputed(s, st);
         return;
     }
-    moe::block_mlp_forward(block_of(s, p, a), st.moe, st.arena, chunk_of(s, a));
+    moe::block_mlp_forward(block_of(s, p, a), st.moe, st.arena, chunk_of(s, a), a.scratch);
 }
 
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
@@ -157,7 +220,7 @@ void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
     // d_out_c, which the pre_dispatch backward reads.
     const moe::TokenRows r = moe::combine_grad_rows(s.moe, s.tokens, chunk_of(s, a));
     if (!st.d_out_c.defined())
-        st.d_out_c = st.arena.alloc(d_out.shape(), st.n2.dtype());
+        st.d_out_c = st.arena.alloc(d_out.shape(), s.compute_dtype);
     if (r.begin < r.end)
         to_compute(d_out.rows(r.begin, r.end), st.d_out_c.rows(r.begin, r.end));
     moe::block_combine_backward(block_of(s, p, a), *a.comms, st.d_out_c, st.moe, st.arena,
@@ -170,18 +233,23 @@ void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Ten
         st.d_out_c = st.arena.alloc(d_out.shape(), s.compute_dtype);
         to_compute(d_out, st.d_out_c);
         st.dn2 = st.arena.alloc_zeros({s.tokens, s.hidden}, DType::kF32);
-        moe::shared_expert_backward_dgrad(p.dense, st.d_out_c, st.dn2, st.mlp, st.arena);
+        normed2(s, p, st, *a.scratch);  // the MLP's input (its recompute reads it)
+        moe::shared_expert_backward_dgrad(p.dense, st.d_out_c, st.dn2, st.mlp, st.arena, a.scratch);
     } else {
         moe::block_mlp_backward(block_of(s, p, a), st.moe, st.arena, chunk_of(s, a));
     }
     if (with_wgrad)
         mlp_backward_dw(s, p, st, a);
+    if (!s.is_moe)
+        forget_recomputed(s, st);
 }
 
 void mlp_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st, const NodeArgs& a) {
     const bool fusion = s.gradient_accumulation_fusion;
     if (!s.is_moe) {
+        normed2(s, p, st, *a.scratch);  // fc1's wgrad input
         moe::shared_expert_backward_wgrad(p.dense, fusion, st.mlp, *a.scratch);
+        forget_recomputed(s, st);
     } else {
         moe::block_mlp_backward_dw(block_of(s, p, a), st.moe, *a.scratch, chunk_of(s, a));
     }
@@ -198,6 +266,9 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
     const int64_t T = s.tokens, H = s.hidden;
     Arena& scratch = *a.scratch;
     if (s.is_moe) {
+        // The shared expert's recompute reads n2, and so does a router / shared-expert wgrad
+        // in this node.
+        normed2(s, p, st, scratch);
         st.dn2 = st.arena.alloc({T, H}, DType::kF32);
         moe::block_pre_dispatch_backward(block_of(s, p, a), a.loss_grad_scale, st.moe, st.dn2,
                                          st.arena, scratch);
@@ -212,14 +283,19 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
     rmsnorm_backward(st.x, p.input_norm, st.rstd1, dn1, d_x, ws);
     if (with_wgrad)
         pre_dispatch_backward_dw(s, p, st, a);
+    forget_recomputed(s, st);
 }
 
 void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st,
                               const NodeArgs& a) {
     const bool fusion = s.gradient_accumulation_fusion;
+    normed1(s, p, st, *a.scratch);  // the qkv wgrad's input
     attention_backward_wgrad(p.attn, fusion, st.attn, *a.scratch);
-    if (s.is_moe)
+    if (s.is_moe) {
+        normed2(s, p, st, *a.scratch);  // the router's and shared expert's wgrad input
         moe::block_pre_dispatch_backward_dw(block_of(s, p, a), st.moe, *a.scratch);
+    }
+    forget_recomputed(s, st);
 }
 
 }  // namespace epo::model

@@ -27,6 +27,16 @@
 // layers have no dispatch/combine nodes. Residual stream and its gradient are f32; what feeds a
 // GEMM is the compute dtype.
 //
+// Selective recompute (Megatron-Core's recompute_modules; docs/runtime.md "Recompute"): what a
+// module recomputes is not kept in LayerState::arena (the metered activations) but written to
+// the running node's scratch, in the forward for its consumers in the same node and again in
+// the backward node that needs it, with the forward's operations, so the bits are the same:
+//   layernorm       n1, n2 from x / h and the kept rstd (LayerRecompute::layernorm)
+//   core_attn       the attention probabilities from q, k (AttentionShape::recompute_core_attn)
+//   mlp             the dense MLP's fc1 output and activation from n2 (LayerRecompute::mlp)
+//   moe_act         the experts' activation from their fc1 output (MoeConfig::recompute_moe_act)
+//   shared_experts  the shared expert's fc1 output and activation (MoeConfig::...shared_experts)
+//
 // Letters: T tokens of the micro-batch, H hidden.
 #pragma once
 
@@ -41,6 +51,13 @@
 
 namespace epo::model {
 
+// The layer's own selective-recompute modules (the attention's and the MoE block's are in
+// their shapes, see above).
+struct LayerRecompute {
+    bool layernorm = false;  // n1, n2 not kept
+    bool mlp = false;        // dense MLP: fc1 output and activation not kept
+};
+
 struct LayerShape {
     int64_t hidden = 0;
     int64_t tokens = 0;         // T = micro_batch_size * seq_length
@@ -53,6 +70,7 @@ struct LayerShape {
     int64_t num_local_experts = 0;
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
+    LayerRecompute recompute;
 };
 
 struct LayerParams {
@@ -75,13 +93,14 @@ struct LayerState {
     size_t reported_bytes = 0;  // arena bytes accounted to the pool (see gpt_model.h)
 
     Tensor x;      // (T, H) f32 layer input: the model's hand-off tensor, kept for the backward
-    Tensor n1;     // (T, H) compute dtype
+    Tensor n1;     // (T, H) compute dtype (layernorm recompute: a scratch view inside a node)
     Tensor rstd1;  // (T) f32
     AttentionContext attn;
-    Tensor h;                // (T, H) f32 residual after attention
-    Tensor n2;               // (T, H) compute dtype
-    Tensor rstd2;            // (T) f32
-    moe::MoeBlockState moe;  // MoE layers
+    Tensor h;                      // (T, H) f32 residual after attention
+    Tensor n2;                     // (T, H) compute dtype (as n1)
+    Tensor rstd2;                  // (T) f32
+    bool router_reads_n2 = false;  // the router kept a view of n2 (not a widened copy)
+    moe::MoeBlockState moe;        // MoE layers
     // dense MLP
     moe::ExpertsContext mlp;
     // backward

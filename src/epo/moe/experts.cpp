@@ -124,6 +124,23 @@ void ffn_forward(const Ffn& f, Rows r, const ExpertsContext& ctx, const float* p
     zero_rows(ym, r.n, r.np);  // outputs are fully defined
 }
 
+// The forward's h (with_h) and a again, into ctx.h / ctx.a (allocated by the caller), tile by
+// tile as ffn_forward computes them: the same products and kernel calls, so the same bits.
+void ffn_recompute(const Ffn& f, Rows r, const ExpertsContext& ctx, const float* probs,
+                   bool with_h) {
+    const Matrix x = sub_rows(as_matrix(ctx.x), r.off, r.n);
+    const Matrix h = sub_rows(as_matrix(ctx.h), r.off, r.n);
+    const Matrix a = sub_rows(as_matrix(ctx.a), r.off, r.np);
+    const float* p = probs ? probs + r.off : nullptr;
+    kernels::for_each_row_tile(r.n, [&](std::int64_t m0, std::int64_t n) {
+        const Matrix ht = sub_rows(h, m0, n);
+        if (with_h)
+            weight_gemm(sub_rows(x, m0, n), f.w1, true, f.fc1_fwd, ht);  // h = x W1^T
+        kernels::swiglu_forward(ht, p ? p + m0 : nullptr, sub_rows(a, m0, n));
+    });
+    zero_rows(a, r.n, r.np);
+}
+
 // da_tile: scratch for one row tile of da = dy W2 ([kGemmRowTile or fewer rows, F]).
 void ffn_dgrad(const Ffn& f, Rows r, const ExpertsContext& ctx, const float* probs,
                const Tensor& da_tile, const Tensor& dx, float* dprobs, bool dx_accumulate) {
@@ -189,10 +206,19 @@ void start_backward(ExpertsContext& ctx, const Tensor& dy, Arena& arena) {
     ctx.dh = arena.alloc(ctx.h.shape(), ctx.h.dtype());
 }
 
-// Scratch for one row tile of da (ffn_dgrad).
+// Scratch for one row tile of da (ffn_dgrad): [rows, F] (h is [rows, 2F]; a may be recomputed
+// away).
 Tensor da_tile(const ExpertsContext& ctx, Arena& arena) {
-    return arena.alloc({std::min(kernels::kGemmRowTile, ctx.a.dim(0)), ctx.a.dim(1)},
-                       ctx.a.dtype());
+    return arena.alloc({std::min(kernels::kGemmRowTile, ctx.h.dim(0)), ctx.h.dim(1) / 2},
+                       ctx.h.dtype());
+}
+
+// Recomputed buffers of the context, from `scratch`: h (kAll) and a.
+void alloc_recomputed(ExpertsContext& ctx, std::int64_t f2, DType dt, Arena& scratch) {
+    const std::int64_t rp = ctx.x.dim(0);
+    if (ctx.recompute == FfnRecompute::kAll)
+        ctx.h = scratch.alloc({rp, f2}, dt);
+    ctx.a = scratch.alloc({rp, f2 / 2}, dt);
 }
 
 }  // namespace
@@ -215,7 +241,7 @@ SharedExpertWeights make_shared_expert_weights(std::int64_t hidden, std::int64_t
 
 void experts_forward(const ExpertWeights& w, const ExpertSegments& segments, const Tensor& x,
                      const Tensor& probs, const Tensor& y, ExpertsContext& ctx, Arena& arena,
-                     std::int64_t first_expert) {
+                     std::int64_t first_expert, FfnRecompute recompute, Arena* scratch) {
     const std::int64_t f2 = w.fc1.shape()[1], h = w.fc1.shape()[2];
     const std::int64_t e_count = segments.num_experts(), rp = segments.total_rows();
     const DType dt = w.fc1.compute_dtype();
@@ -232,12 +258,20 @@ void experts_forward(const ExpertWeights& w, const ExpertSegments& segments, con
     ctx.first_expert = first_expert;
     ctx.x = x;
     ctx.probs = probs;
+    EPO_CHECK(recompute != FfnRecompute::kAll,
+              "the routed experts recompute only their "
+              "activation (moe_act); moe is not recomputed");
+    EPO_CHECK(recompute == FfnRecompute::kNone || scratch != nullptr,
+              "experts: recompute without a scratch arena");
+    ctx.recompute = recompute;
     ctx.h = arena.alloc({rp, f2}, dt);
-    ctx.a = arena.alloc({rp, f2 / 2}, dt);
+    ctx.a = recompute == FfnRecompute::kNone ? arena.alloc({rp, f2 / 2}, dt)
+                                             : scratch->alloc({rp, f2 / 2}, dt);
     for (std::int64_t e = 0; e < e_count; ++e) {
         ffn_forward(expert_ffn(w, first_expert + e), expert_rows(segments, e), ctx,
                     probs.data<float>(), y);
     }
+    drop_recomputed(ctx);
 }
 
 void experts_backward_dgrad(const ExpertWeights& w, const Tensor& dy, const Tensor& dx,
@@ -259,10 +293,23 @@ void experts_backward_wgrad(ExpertWeights& w, bool fusion, ExpertsContext& ctx, 
     EPO_CHECK(ctx.dgrad_done, "experts wgrad before their dgrad");
     const std::int64_t e_count = ctx.segments.num_experts();
     Tensor workspace = wgrad_workspace(per_expert_elements(w), fusion, arena);
+    const bool recompute = !ctx.a.defined();
+    if (recompute) {  // moe_act: a = swiglu(h) again, from the kept h
+        EPO_CHECK(ctx.recompute == FfnRecompute::kActivation,
+                  "experts wgrad without their "
+                  "activation");
+        alloc_recomputed(ctx, ctx.h.dim(1), ctx.h.dtype(), arena);
+        for (std::int64_t e = 0; e < e_count; ++e) {
+            ffn_recompute(expert_ffn(w, ctx.first_expert + e), expert_rows(ctx.segments, e), ctx,
+                          ctx.probs.data<float>(), /*with_h=*/false);
+        }
+    }
     for (std::int64_t e = 0; e < e_count; ++e) {
         ffn_wgrad(expert_ffn(w, ctx.first_expert + e), expert_rows(ctx.segments, e), ctx, fusion,
                   workspace);
     }
+    if (recompute)
+        drop_recomputed(ctx);
 }
 
 void experts_backward(ExpertWeights& w, bool fusion, const Tensor& dy, const Tensor& dx,
@@ -272,7 +319,8 @@ void experts_backward(ExpertWeights& w, bool fusion, const Tensor& dy, const Ten
 }
 
 void shared_expert_forward(const SharedExpertWeights& w, const Tensor& x, const Tensor& y,
-                           ExpertsContext& ctx, Arena& arena) {
+                           ExpertsContext& ctx, Arena& arena, FfnRecompute recompute,
+                           Arena* scratch) {
     const std::int64_t t_count = x.dim(0), f2 = w.fc1.shape()[0], h = w.fc1.shape()[1];
     const DType dt = w.fc1.compute_dtype();
     check_tensor(x, {t_count, h}, dt, "shared expert input x");
@@ -281,14 +329,30 @@ void shared_expert_forward(const SharedExpertWeights& w, const Tensor& x, const 
     const std::int64_t counts[1] = {t_count};
     ctx.segments = make_expert_segments(counts, 1);
     ctx.x = x;
-    ctx.h = arena.alloc({t_count, f2}, dt);
-    ctx.a = arena.alloc({t_count, f2 / 2}, dt);
+    EPO_CHECK(recompute != FfnRecompute::kActivation, "the shared expert recomputes all or none");
+    EPO_CHECK(recompute == FfnRecompute::kNone || scratch != nullptr,
+              "shared expert: recompute without a scratch arena");
+    ctx.recompute = recompute;
+    if (recompute == FfnRecompute::kNone) {
+        ctx.h = arena.alloc({t_count, f2}, dt);
+        ctx.a = arena.alloc({t_count, f2 / 2}, dt);
+    } else {
+        alloc_recomputed(ctx, f2, dt, *scratch);
+    }
     ffn_forward(shared_ffn(w), Rows{0, t_count, t_count}, ctx, nullptr, y);
+    drop_recomputed(ctx);
 }
 
 void shared_expert_backward_dgrad(const SharedExpertWeights& w, const Tensor& dy,
-                                  const Tensor& dx_acc, ExpertsContext& ctx, Arena& arena) {
+                                  const Tensor& dx_acc, ExpertsContext& ctx, Arena& arena,
+                                  Arena* scratch) {
     check_tensor(dx_acc, ctx.x.shape(), DType::kF32, "shared expert dx accumulator");
+    const std::int64_t rows = ctx.x.dim(0);
+    if (ctx.recompute == FfnRecompute::kAll) {  // h (and a, for a wgrad in this node) again
+        EPO_CHECK(scratch != nullptr, "shared expert: recompute without a scratch arena");
+        alloc_recomputed(ctx, w.fc1.shape()[0], w.fc1.compute_dtype(), *scratch);
+        ffn_recompute(shared_ffn(w), Rows{0, rows, rows}, ctx, nullptr, /*with_h=*/true);
+    }
     start_backward(ctx, dy, arena);
     const Tensor da = da_tile(ctx, arena);
     const std::int64_t t_count = ctx.x.dim(0);
@@ -302,7 +366,24 @@ void shared_expert_backward_wgrad(SharedExpertWeights& w, bool fusion, ExpertsCo
     Tensor workspace =
         wgrad_workspace(std::max(w.fc1.shape().numel(), w.fc2.shape().numel()), fusion, arena);
     const std::int64_t t_count = ctx.x.dim(0);
+    const bool recompute = !ctx.a.defined();
+    if (recompute) {  // a delayed wgrad: h and a again, from x
+        EPO_CHECK(ctx.recompute == FfnRecompute::kAll,
+                  "shared expert wgrad without its "
+                  "activation");
+        alloc_recomputed(ctx, w.fc1.shape()[0], w.fc1.compute_dtype(), arena);
+        ffn_recompute(shared_ffn(w), Rows{0, t_count, t_count}, ctx, nullptr, /*with_h=*/true);
+    }
     ffn_wgrad(shared_ffn(w), Rows{0, t_count, t_count}, ctx, fusion, workspace);
+    if (recompute)
+        drop_recomputed(ctx);
+}
+
+void drop_recomputed(ExpertsContext& ctx) {
+    if (ctx.recompute == FfnRecompute::kAll)
+        ctx.h = Tensor();
+    if (ctx.recompute != FfnRecompute::kNone)
+        ctx.a = Tensor();
 }
 
 }  // namespace epo::moe

@@ -93,11 +93,13 @@ TokenRows combine_grad_rows(const MoeConfig& cfg, std::int64_t num_tokens, int c
 }
 
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
-                                MoeBlockState& st, Arena& arena) {
+                                MoeBlockState& st, Arena& arena, Arena* scratch) {
     const std::int64_t T = x.dim(0), C = num_chunks(b);
     if (b.cfg.has_shared_experts()) {
         st.shared_out = arena.alloc({T, b.cfg.hidden_size}, DType::kF32);
-        shared_expert_forward(b.params.shared, x, st.shared_out, st.shared, arena);
+        shared_expert_forward(
+            b.params.shared, x, st.shared_out, st.shared, arena,
+            b.cfg.recompute_shared_experts ? FfnRecompute::kAll : FfnRecompute::kNone, scratch);
     } else {
         st.shared_out = Tensor();
     }
@@ -126,14 +128,17 @@ void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBl
     b.dispatcher.token_dispatch(comms, dispatch_of(b, st, chunk), arena, group_of(b, chunk));
 }
 
-void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk) {
+void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk,
+                       Arena* scratch) {
     MoeTokenChunk& ch = chunk_of(b, st, chunk);
     DispatchState& d = dispatch_of(b, st, chunk);
     const ExpertGroup g = group_of(b, chunk);
     b.dispatcher.dispatch_postprocess(d, g);
     const GroupRows gr = group_rows(b, d, chunk);
     experts_forward(b.params.experts, gr.segments, gr.of(d.expert_rows), gr.of(d.expert_probs),
-                    gr.of(d.expert_out), ch.experts, arena, gr.first_expert);
+                    gr.of(d.expert_out), ch.experts, arena, gr.first_expert,
+                    b.cfg.recompute_moe_act ? FfnRecompute::kActivation : FfnRecompute::kNone,
+                    scratch);
     b.dispatcher.combine_preprocess(d, g);
 }
 
@@ -226,7 +231,7 @@ void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBl
         }
     }
     if (b.cfg.has_shared_experts()) {
-        shared_expert_backward_dgrad(b.params.shared, st.dy, dx, st.shared, arena);
+        shared_expert_backward_dgrad(b.params.shared, st.dy, dx, st.shared, arena, &scratch);
     }
 }
 

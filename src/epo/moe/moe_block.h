@@ -92,15 +92,18 @@ struct MoeBlockState {
 };
 
 // x (T, H) compute dtype; `num_sequences` sequences of T / num_sequences tokens (seq_aux_loss).
-// The state's buffers come from `arena` (the micro-batch's, kept until its backward).
+// The state's buffers come from `arena` (the micro-batch's, kept until its backward); what
+// selective recompute does not keep (cfg.recompute_shared_experts, cfg.recompute_moe_act) from
+// `scratch`, the node's, which those settings need.
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
-                                MoeBlockState& st, Arena& arena);
+                                MoeBlockState& st, Arena& arena, Arena* scratch = nullptr);
 // The chunked nodes take the chunk `chunk` (0..C-1; 0 with C = 1). Two nodes of different
 // chunks may run at once on two threads, allocating from the same `arena` (arena.h: allocation
 // is thread-safe).
 void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                             Arena& arena, int chunk = 0);
-void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk = 0);
+void block_mlp_forward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int chunk = 0,
+                       Arena* scratch = nullptr);
 // y (rows, H) f32 = combine_output_rows' rows of the routed experts' weighted sum (+ shared
 // expert); undefined when the chunk writes none.
 void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
@@ -115,7 +118,9 @@ void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch,
 void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                              int chunk = 0);
 // dx (T, H) f32 = gradient of the block input (overwritten). loss_grad_scale multiplies the
-// aux/z-loss gradients (1 / number of micro-batches).
+// aux/z-loss gradients (1 / number of micro-batches). A recomputed shared expert's h and a are
+// recomputed into `scratch` and stay in st.shared for a wgrad in the same node; the caller drops
+// them (drop_recomputed) when the node ends.
 void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBlockState& st,
                                  const Tensor& dx, Arena& arena, Arena& scratch);
 void block_pre_dispatch_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch);

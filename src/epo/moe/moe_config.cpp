@@ -182,6 +182,9 @@ MoeConfig moe_config_from(const config::ModelConfig& m) {
     c.num_chunks = m.moe_ep_overlap_num_chunks;
     c.chunk_by = m.moe_ep_overlap_chunk_by == config::ChunkSplit::kTokens ? ChunkBy::kTokens
                                                                           : ChunkBy::kExperts;
+    c.recompute_moe_act = config::recomputes_module(m, config::RecomputeModule::kMoeAct);
+    c.recompute_shared_experts =
+        config::recomputes_module(m, config::RecomputeModule::kSharedExperts);
     // flex without a backend was turned into alltoall at finalization (W009); allgather is
     // refused before a run (RT016).
     if (m.moe_token_dispatcher_type == config::DispatcherType::kFlex &&

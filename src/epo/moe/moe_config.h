@@ -61,6 +61,11 @@ struct MoeConfig {
     // What a chunk is (moe_ep_overlap_chunk_by): a group of L / C of each rank's local experts,
     // or T / C of the micro-batch's tokens.
     ChunkBy chunk_by = ChunkBy::kExperts;
+    // Selective recompute (recompute_modules): moe_act, the experts' activation, recomputed from
+    // their fc1 output for the fc2 weight gradient; shared_experts, the shared expert's fc1
+    // output and activation, recomputed from its input in the backward (experts.h).
+    bool recompute_moe_act = false;
+    bool recompute_shared_experts = false;
 
     bool has_shared_experts() const { return shared_expert_size > 0; }
 };
