@@ -146,8 +146,8 @@ TEST(RuntimeSupport, ACapabilityThatLandsDropsItsId) {
     }
 }
 
-TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines) {
-    for (const char* id : {"RT002", "RT010", "RT020", "RT024"}) {
+TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32PipelinesAndMla) {
+    for (const char* id : {"RT002", "RT007", "RT010", "RT020", "RT024"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

@@ -299,8 +299,9 @@ const std::vector<FeatureRow>& rows() {
 
 RuntimeCapabilities RuntimeCapabilities::current() {
     RuntimeCapabilities caps;
-    caps.qk_layernorm = true;           // model/attention.h
-    caps.tied_embeddings = true;        // model/gpt_model.h: the output layer reads the embedding
+    caps.qk_layernorm = true;            // model/attention.h
+    caps.multi_latent_attention = true;  // model/mla_attention.h
+    caps.tied_embeddings = true;         // model/gpt_model.h: the output layer reads the embedding
     caps.fp32_training = true;          // every kernel has an f32 path (the gradient checks use it)
     caps.distributed_optimizer = true;  // train/trainer.h (ZeRO-1, with bucketed param gather)
     caps.pipeline_parallel = true;      // schedule/pipeline_schedule.h, docs/pipeline.md

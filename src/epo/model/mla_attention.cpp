@@ -260,6 +260,22 @@ void collect_mla_params(const MlaShape& s, MlaParams& p, std::vector<Param*>& ou
     out.push_back(&p.proj);
 }
 
+std::vector<int64_t> mla_param_sizes(const MlaShape& s) {
+    const Dims d = dims_of(s, s.seq_length);
+    std::vector<int64_t> out;
+    if (d.Rq > 0)
+        out.push_back(d.Rq * d.H);         // linear_q_down_proj
+    out.push_back(d.N * d.Dq * d.q_in());  // linear_q_up_proj / linear_q_proj
+    if (s.qk_layernorm)
+        out.push_back(d.q_in());          // its layer_norm_weight
+    out.push_back((d.Rkv + d.Dr) * d.H);  // linear_kv_down_proj
+    out.push_back(d.kv() * d.Rkv);        // linear_kv_up_proj
+    if (s.qk_layernorm)
+        out.push_back(d.Rkv);         // its layer_norm_weight
+    out.push_back(d.H * d.N * d.Dv);  // linear_proj
+    return out;
+}
+
 MlaSavedBytes mla_saved_bytes(const MlaShape& s, int64_t num_sequences, int64_t c) {
     const Dims d = dims_of(s, num_sequences * s.seq_length);
     const bool lora = d.Rq > 0, norm = s.qk_layernorm;

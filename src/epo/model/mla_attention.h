@@ -82,6 +82,9 @@ MlaParams make_mla_params(const MlaShape& shape, DType compute_dtype, const std:
 // The trainable parameters, in a fixed order (the optimizer's and the checkpoint's).
 void collect_mla_params(const MlaShape& shape, MlaParams& params, std::vector<Param*>& out);
 
+// The element counts of collect_mla_params's parameters, in its order (the step plan's sizes).
+std::vector<int64_t> mla_param_sizes(const MlaShape& shape);
+
 // What forward saves for backward and what dgrad saves for wgrad (one per micro-batch and
 // layer; tensors live in the arena passed to forward/dgrad).
 struct MlaContext {

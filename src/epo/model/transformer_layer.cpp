@@ -43,13 +43,42 @@ int chunk_of(const LayerShape& s, const NodeArgs& a) {
     return chunked ? a.moe_chunk : 0;
 }
 
+// The layer's self-attention, multi-latent or grouped-query: the one place that chooses.
+// forward: h (T, H) f32 += attention(n1).
+void self_attention_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
+                            LayerState& st, Arena& scratch) {
+    if (s.multi_latent_attention)
+        mla_forward(s.mla, p.mla, rope, st.n1, st.h, st.mla, st.arena, scratch);
+    else
+        attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, st.arena, scratch);
+}
+
+// dn1 (T, H) f32 = the input gradient for dh (T, H) f32.
+void self_attention_dgrad(const LayerShape& s, LayerParams& p, const RopeTable& rope,
+                          LayerState& st, const Tensor& dh, const Tensor& dn1, Arena& scratch) {
+    if (s.multi_latent_attention)
+        mla_backward_dgrad(s.mla, p.mla, rope, dh, dn1, st.mla, st.arena, scratch);
+    else
+        self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
+}
+
+void self_attention_wgrad(const LayerShape& s, LayerParams& p, LayerState& st, Arena& scratch) {
+    if (s.multi_latent_attention)
+        mla_backward_wgrad(s.mla, p.mla, s.gradient_accumulation_fusion, st.mla, scratch);
+    else
+        attention_backward_wgrad(p.attn, s.gradient_accumulation_fusion, st.attn, scratch);
+}
+
 }  // namespace
 
 LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
     const DType cd = s.compute_dtype;
     LayerParams p;
     p.input_norm = make_param(prefix + "input_layernorm.weight", {s.hidden}, DType::kF32);
-    p.attn = make_attention_params(s.attn, cd, prefix);
+    if (s.multi_latent_attention)
+        p.mla = make_mla_params(s.mla, cd, prefix);
+    else
+        p.attn = make_attention_params(s.attn, cd, prefix);
     p.pre_mlp_norm = make_param(prefix + "pre_mlp_layernorm.weight", {s.hidden}, DType::kF32);
     if (!s.is_moe) {
         p.dense = moe::make_shared_expert_weights(s.hidden, s.ffn_hidden, cd);
@@ -74,11 +103,15 @@ LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
 void collect_layer_params(const LayerShape& s, LayerParams& p, std::vector<Param*>& dense,
                           std::vector<Param*>& expert) {
     dense.push_back(&p.input_norm);
-    dense.push_back(&p.attn.qkv);
-    dense.push_back(&p.attn.proj);
-    if (s.attn.qk_layernorm) {
-        dense.push_back(&p.attn.q_norm);
-        dense.push_back(&p.attn.k_norm);
+    if (s.multi_latent_attention) {
+        collect_mla_params(s.mla, p.mla, dense);
+    } else {
+        dense.push_back(&p.attn.qkv);
+        dense.push_back(&p.attn.proj);
+        if (s.attn.qk_layernorm) {
+            dense.push_back(&p.attn.q_norm);
+            dense.push_back(&p.attn.k_norm);
+        }
     }
     dense.push_back(&p.pre_mlp_norm);
     if (!s.is_moe) {
@@ -105,7 +138,7 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
     rmsnorm_forward(st.x, p.input_norm, s.norm_eps, st.n1, st.rstd1);
     st.h = ar.alloc({T, H}, DType::kF32);
     st.h.copy_from(st.x);  // residual: attention accumulates into it
-    attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, ar, *a.scratch);
+    self_attention_forward(s, p, rope, st, *a.scratch);
     st.n2 = ar.alloc({T, H}, cd);
     st.rstd2 = ar.alloc({T}, DType::kF32);
     rmsnorm_forward(st.h, p.pre_mlp_norm, s.norm_eps, st.n2, st.rstd2);
@@ -207,7 +240,7 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
     dh.copy_from(d_out);  // residual
     rmsnorm_backward(st.h, p.pre_mlp_norm, st.rstd2, st.dn2, dh, ws);
     Tensor dn1 = scratch.alloc({T, H}, DType::kF32);
-    attention_backward_dgrad(s.attn, p.attn, rope, dh, dn1, st.attn, st.arena, scratch);
+    self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
     d_x.copy_from(dh);  // residual
     rmsnorm_backward(st.x, p.input_norm, st.rstd1, dn1, d_x, ws);
     if (with_wgrad)
@@ -216,8 +249,7 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
 
 void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st,
                               const NodeArgs& a) {
-    const bool fusion = s.gradient_accumulation_fusion;
-    attention_backward_wgrad(p.attn, fusion, st.attn, *a.scratch);
+    self_attention_wgrad(s, p, st, *a.scratch);
     if (s.is_moe)
         moe::block_pre_dispatch_backward_dw(block_of(s, p, a), st.moe, *a.scratch);
 }
