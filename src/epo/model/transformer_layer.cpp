@@ -59,7 +59,7 @@ void self_attention_dgrad(const LayerShape& s, LayerParams& p, const RopeTable& 
     if (s.multi_latent_attention)
         mla_backward_dgrad(s.mla, p.mla, rope, dh, dn1, st.mla, st.arena, scratch);
     else
-        self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
+        attention_backward_dgrad(s.attn, p.attn, rope, dh, dn1, st.attn, st.arena, scratch);
 }
 
 void self_attention_wgrad(const LayerShape& s, LayerParams& p, LayerState& st, Arena& scratch) {
