@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "epo/comm/mpi_runtime.h"
+#include "epo/config/memory_estimate.h"
 #include "epo/train/trainer.h"
 #include "train_test_util.h"
 
@@ -84,6 +85,31 @@ TEST(MlaTrainer, DeepSeekRouterWithMlaIsBitIdenticalToBaseline) {
          "model.moe_router_num_groups=4", "model.moe_router_group_topk=2",
          "model.moe_router_topk_scaling_factor=2.5", "model.moe_router_dtype=fp32",
          "model.moe_router_load_balancing_type=seq_aux_loss", "model.moe_aux_loss_coeff=1e-4"});
+}
+
+TEST(MlaTrainer, ActivationEstimateFollowsTheMeter) {
+    // The memory estimate's activations (config/memory_estimate.h) against the model's
+    // activation meter (the arenas' bytes, largest over the steps), baseline schedule: MLA's
+    // ratio is GQA's on the same model, so the estimate counts MLA's saved tensors as it counts
+    // GQA's.
+    const int world = comm::current_world_size();
+    const config::Config mla = epo::testing::run_config("tiny-moe", mla_overrides(world, true, {}));
+    config::Config gqa = mla;
+    gqa.model.multi_latent_attention = false;
+    gqa.model.qk_layernorm = false;
+    double ratio[2] = {};
+    for (int i = 0; i < 2; ++i) {
+        const config::Config& cfg = i == 0 ? mla : gqa;
+        const RunRecord r = testing::record_run(cfg, 2);
+        const int64_t estimate = config::estimate_rank_memory(cfg, world).activations;
+        ratio[i] = static_cast<double>(estimate) / static_cast<double>(r.peak_activation_bytes);
+        if (comm::current_world_rank() == 0) {
+            std::printf("%s: estimated activations %lld, metered peak %lld, ratio %.3f\n",
+                        i == 0 ? "MLA" : "GQA", static_cast<long long>(estimate),
+                        static_cast<long long>(r.peak_activation_bytes), ratio[i]);
+        }
+    }
+    EXPECT_NEAR(ratio[0], ratio[1], 0.1);
 }
 
 }  // namespace
