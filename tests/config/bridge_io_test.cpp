@@ -215,6 +215,11 @@ TEST(BridgeIo, DeepseekRunConfigValidatesWithItsPipelineLayout) {
     EXPECT_EQ(layout.substr(0, 10), "Etttttttt|");
     EXPECT_EQ(std::count(layout.begin(), layout.end(), 't'), 61);
     EXPECT_EQ(layout.substr(layout.size() - 3), "tmL") << layout;
+    // MLA with its norms and YaRN rope: read, so that a run is refused (RT034) instead of
+    // running plain rope.
+    EXPECT_TRUE(built.config.model.multi_latent_attention);
+    EXPECT_TRUE(built.config.model.qk_layernorm);
+    EXPECT_EQ(built.config.model.rope_type, "yarn");
 }
 
 // A Megatron-LM checkpoint's arguments (vars(args) as YAML): Megatron-LM's names mapped, the

@@ -85,6 +85,11 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.comm.gpus_per_node = 2;
              c.train.global_batch_size = 3 * c.train.micro_batch_size;
          }},
+        {"RT034",
+         [](Config& c) {
+             c.model.multi_latent_attention = true;
+             c.model.rope_type = "yarn";
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -155,8 +160,8 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32PipelinesAnd
     }
 }
 
-TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
-    for (const char* id : {"RT027", "RT028", "RT029", "RT030", "RT033"}) {
+TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageTiedPipelinesAndYarn) {
+    for (const char* id : {"RT027", "RT028", "RT029", "RT030", "RT033", "RT034"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

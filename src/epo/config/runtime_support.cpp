@@ -82,7 +82,9 @@ const std::vector<FeatureRow>& rows() {
          "set model.mtp_num_layers=null"},
         {{"RT007", "multi-latent attention", &RC::multi_latent_attention},
          [](C c) {
-             return when(c.model.multi_latent_attention, "model.multi_latent_attention", "true");
+             // With a rope type other than plain rope it has an id of its own (RT034).
+             return when(c.model.multi_latent_attention && c.model.rope_type == "rope",
+                         "model.multi_latent_attention", "true");
          },
          "set model.multi_latent_attention=false"},
         {{"RT008", "activation recompute", &RC::activation_recompute},
@@ -291,6 +293,15 @@ const std::vector<FeatureRow>& rows() {
          "use a global batch whose micro-batch count (global batch / (micro batch x DP)) is a "
          "multiple of model.pipeline_model_parallel_size, or "
          "model.virtual_pipeline_model_parallel_size=null"},
+        // model/mla_attention.h applies plain rotary embeddings to MLA's positional part;
+        // YaRN also rescales the frequencies and the softmax (mscale).
+        {{"RT034", "multi-latent attention with a rope type other than plain rope (YaRN)",
+          &RC::mla_yarn_rope},
+         [](C c) {
+             return when(c.model.multi_latent_attention && c.model.rope_type != "rope",
+                         "model.rope_type", c.model.rope_type);
+         },
+         "set model.rope_type=rope (EPO's MLA runs plain rotary embeddings)"},
     };
     return table;
 }

@@ -53,6 +53,7 @@ struct RuntimeCapabilities {
     bool uneven_pipeline = false;             // RT031
     bool fp8_training = false;                // RT032
     bool interleaved_partial_group = false;   // RT033
+    bool mla_yarn_rope = false;               // RT034
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();
