@@ -36,7 +36,7 @@ Dims dims_of(const MlaShape& s, int64_t tokens) {
 }
 
 // A (rows, cols) block of a row-major tensor with `ld` elements per row, from element `first`.
-Matrix block(const Tensor& t, int64_t first, int64_t rows, int64_t cols, int64_t ld) {
+Matrix head_block(const Tensor& t, int64_t first, int64_t rows, int64_t cols, int64_t ld) {
     return Matrix{static_cast<char*>(t.raw()) + first * static_cast<int64_t>(dtype_size(t.dtype())),
                   t.dtype(), rows, cols, ld};
 }
@@ -90,8 +90,8 @@ void mla_rope(const RopeTable& rope, float* x, int64_t tokens, int64_t ld, int64
 
 // Row-wise causal softmax of scores (S, S) f32 scaled by `scale`, written to p (S, S) in the
 // compute dtype (zeros above the diagonal).
-void causal_softmax(const float* scores, float scale, int64_t S, void* p, DType p_type,
-                    std::vector<float>& row) {
+void masked_softmax_rows(const float* scores, float scale, int64_t S, void* p, DType p_type,
+                         std::vector<float>& row) {
     const size_t es = dtype_size(p_type);
     for (int64_t i = 0; i < S; ++i) {
         const float* si = scores + i * S;
@@ -153,14 +153,14 @@ void core_forward(const Dims& d, MlaContext& ctx, Arena& saved, Arena& scratch) 
     const int64_t qw = d.N * d.Dq, vw = d.N * d.Dv;
     for (int64_t b = 0; b < d.B; ++b) {
         for (int64_t h = 0; h < d.N; ++h) {
-            const Matrix q = block(ctx.q, b * d.S * qw + h * d.Dq, d.S, d.Dq, qw);
-            const Matrix k = block(ctx.k, b * d.S * qw + h * d.Dq, d.S, d.Dq, qw);
-            const Matrix v = block(ctx.v, b * d.S * vw + h * d.Dv, d.S, d.Dv, vw);
+            const Matrix q = head_block(ctx.q, b * d.S * qw + h * d.Dq, d.S, d.Dq, qw);
+            const Matrix k = head_block(ctx.k, b * d.S * qw + h * d.Dq, d.S, d.Dq, qw);
+            const Matrix v = head_block(ctx.v, b * d.S * vw + h * d.Dv, d.S, d.Dv, vw);
             kernels::gemm(q, k, kernels::as_matrix(scores), {.trans_b = true});
             char* p = static_cast<char*>(ctx.probs.raw()) + ((b * d.N + h) * d.S * d.S) * es;
-            causal_softmax(scores.data<float>(), scale, d.S, p, cd, row);
+            masked_softmax_rows(scores.data<float>(), scale, d.S, p, cd, row);
             kernels::gemm(Matrix{p, cd, d.S, d.S, d.S}, v,
-                          block(ctx.ctx, b * d.S * vw + h * d.Dv, d.S, d.Dv, vw));
+                          head_block(ctx.ctx, b * d.S * vw + h * d.Dv, d.S, d.Dv, vw));
         }
     }
 }
@@ -178,10 +178,10 @@ void core_backward(const Dims& d, const MlaContext& ctx, const Tensor& dctx, con
     for (int64_t b = 0; b < d.B; ++b) {
         for (int64_t h = 0; h < d.N; ++h) {
             const int64_t qo = b * d.S * qw + h * d.Dq, vo = b * d.S * vw + h * d.Dv;
-            const Matrix q = block(ctx.q, qo, d.S, d.Dq, qw);
-            const Matrix k = block(ctx.k, qo, d.S, d.Dq, qw);
-            const Matrix v = block(ctx.v, vo, d.S, d.Dv, vw);
-            const Matrix dc = block(dctx, vo, d.S, d.Dv, vw);
+            const Matrix q = head_block(ctx.q, qo, d.S, d.Dq, qw);
+            const Matrix k = head_block(ctx.k, qo, d.S, d.Dq, qw);
+            const Matrix v = head_block(ctx.v, vo, d.S, d.Dv, vw);
+            const Matrix dc = head_block(dctx, vo, d.S, d.Dv, vw);
             char* p = static_cast<char*>(ctx.probs.raw()) + ((b * d.N + h) * d.S * d.S) * es;
             kernels::gemm(dc, v, kernels::as_matrix(dp), {.trans_b = true});
             // dS = P * (dP - rowsum(P * dP)) * scale
@@ -195,9 +195,9 @@ void core_backward(const Dims& d, const MlaContext& ctx, const Tensor& dctx, con
                                    d.S);
             }
             const Matrix dsm = kernels::as_matrix(ds);
-            kernels::gemm(dsm, k, block(dq32, qo, d.S, d.Dq, qw));
-            kernels::gemm(dsm, q, block(dk32, qo, d.S, d.Dq, qw), {.trans_a = true});
-            kernels::gemm(Matrix{p, cd, d.S, d.S, d.S}, dc, block(dv32, vo, d.S, d.Dv, vw),
+            kernels::gemm(dsm, k, head_block(dq32, qo, d.S, d.Dq, qw));
+            kernels::gemm(dsm, q, head_block(dk32, qo, d.S, d.Dq, qw), {.trans_a = true});
+            kernels::gemm(Matrix{p, cd, d.S, d.S, d.S}, dc, head_block(dv32, vo, d.S, d.Dv, vw),
                           {.trans_a = true});
         }
     }
