@@ -161,6 +161,15 @@ TEST(BridgeIo, KeysThatWouldChangeTheResultAreRefusedWithTheReason) {
     fp4.replace(fp4.find("  fp8: null\n  hidden_size"), 11, "  fp4: e2m1\n  fp8: null");
     expect_error([&] { build_text(fp4); }, ErrorKind::kUsage,
                  {"model.fp4 = e2m1 would change the result", "does not model FP4"});
+    // MLA's YaRN softmax scale applies with any rope type: refused unless zero (the Bridge
+    // DeepSeek-V3 file's 0.0 reads, see DeepseekRunConfigValidatesWithItsPipelineLayout).
+    std::string mscale = kSmall;
+    mscale.replace(mscale.find("  fp8: null\n  hidden_size"), 11,
+                   "  fp8: null\n  mscale_all_dim: 1.0");
+    expect_error([&] { build_text(mscale); }, ErrorKind::kUsage,
+                 {"model.mscale_all_dim = 1.0 would change the result", "softmax mscale"});
+    mscale.replace(mscale.find("mscale_all_dim: 1.0"), 19, "mscale_all_dim: 0.0");
+    EXPECT_NO_THROW(build_text(mscale));
     std::string sgd = kSmall;
     sgd.replace(sgd.find("optimizer: adam"), 15, "optimizer: sgd");
     expect_error([&] { build_text(sgd); }, ErrorKind::kUsage,
@@ -215,6 +224,11 @@ TEST(BridgeIo, DeepseekRunConfigValidatesWithItsPipelineLayout) {
     EXPECT_EQ(layout.substr(0, 10), "Etttttttt|");
     EXPECT_EQ(std::count(layout.begin(), layout.end(), 't'), 61);
     EXPECT_EQ(layout.substr(layout.size() - 3), "tmL") << layout;
+    // MLA with its norms and YaRN rope: read, so that a run is refused (RT035) instead of
+    // running plain rope.
+    EXPECT_TRUE(built.config.model.multi_latent_attention);
+    EXPECT_TRUE(built.config.model.qk_layernorm);
+    EXPECT_EQ(built.config.model.rope_type, "yarn");
 }
 
 // A Megatron-LM checkpoint's arguments (vars(args) as YAML): Megatron-LM's names mapped, the

@@ -78,6 +78,15 @@ TEST(MemoryEstimate, TinyMoeOverlapWithinAQuarterOfThePeak) {
     expect_estimate_near_peak({"model.overlap_moe_expert_parallel_comm=true"});
 }
 
+TEST(MemoryEstimate, TinyMoeMlaWithinAQuarterOfThePeak) {
+    if (world_ranks() != 2 && world_ranks() != 4)
+        GTEST_SKIP() << "the overlap needs EP > 1 over tiny-moe's 8 experts";
+    expect_estimate_near_peak(
+        {"model.multi_latent_attention=true", "model.qk_layernorm=true", "model.q_lora_rank=64",
+         "model.kv_lora_rank=32", "model.qk_head_dim=32", "model.qk_pos_emb_head_dim=16",
+         "model.v_head_dim=32", "model.overlap_moe_expert_parallel_comm=true"});
+}
+
 // On 2 ranks only: at initialization the router is far from uniform, and over 4 ranks the rank
 // that receives the most rows peaked 1.2x above the others (433 vs 534 MB), which an estimate
 // of the average rank cannot follow (docs/runtime.md "Memory").

@@ -7,6 +7,7 @@
 #include "epo/config/recipes.h"
 #include "epo/config/validate.h"
 #include "epo/core/error.h"
+#include "epo/model/mla_attention.h"
 
 namespace epo::config {
 namespace {
@@ -30,6 +31,62 @@ TEST(MemoryEstimate, ParametersOfTinyMoeCountedByHand) {
     EXPECT_EQ(m.optimizer, (dense + expert) * 8);  // not distributed: whole Adam m, v
     EXPECT_EQ(m.packed, expert * 2 * 2);
     EXPECT_EQ(m.runtime, kRuntimeBaseBytes);
+}
+
+// tiny-moe with multi-latent attention: Rq 32, Rkv 16, Dn 16, Dr 8, Dv 16, with the latent norms.
+Config tiny_mla(bool q_lora) {
+    Config c = make_recipe("tiny-moe");
+    c.comm.gpus_per_node = 2;
+    c.model.expert_model_parallel_size = 2;
+    c.train.global_batch_size = 8;
+    c.model.multi_latent_attention = true;
+    c.model.qk_layernorm = true;
+    c.model.q_lora_rank = q_lora ? std::optional<int>(32) : std::nullopt;
+    c.model.kv_lora_rank = 16;
+    c.model.qk_head_dim = 16;
+    c.model.qk_pos_emb_head_dim = 8;
+    c.model.v_head_dim = 16;
+    return validate(c).config;
+}
+
+TEST(MemoryEstimate, MlaParametersCountedByHand) {
+    // Per layer: q_down 32 x 256 + q_up (4 x 24) x 32 + kv_down 24 x 256 + kv_up (4 x 32) x 16
+    // + proj 256 x 64 + norms 32 + 16 = 35,888 (GQA's qkv and proj: 196,608). Dense:
+    // 2 VH + H + 2 * (2H + 35,888 + 8H) = 208,224; without q lora q_proj (4 x 24) x 256 and its
+    // norm 256 replace q_down, q_up and the 32-wide norm: 24,576 + 256 - 8,192 - 3,072 - 32 =
+    // +13,536 per layer.
+    const int64_t expert = 3'145'728;
+    EXPECT_EQ(estimate_rank_memory(tiny_mla(true), 2).gradients, (208'224 + expert) * 4);
+    EXPECT_EQ(estimate_rank_memory(tiny_mla(false), 2).gradients,
+              (208'224 + 2 * 13'536 + expert) * 4);
+}
+
+TEST(MemoryEstimate, MlaActivationsAreWhatTheLayerSaves) {
+    // The estimate swaps GQA's saved tensors for MLA's, which the layer's own count gives
+    // (model::mla_saved_bytes, itself checked against the layer's arena in the model tests).
+    // GQA on tiny-moe (T 256 = 2 x 128, c 2): q,k,v,ctx cT(W + Ad) = 393,216, probs cBAS^2 =
+    // 262,144 (forward), dout + dqkv cT(H + W) = 393,216 (dgrad); the qk norms 4T(A + G)(d + 1)
+    // = 399,360.
+    for (bool q_lora : {true, false}) {
+        const Config mla = tiny_mla(q_lora);
+        Config gqa = mla;
+        gqa.model.multi_latent_attention = false;
+        const model::MlaShape shape{.hidden = 256,
+                                    .num_heads = 4,
+                                    .q_lora_rank = q_lora ? 32 : 0,
+                                    .kv_lora_rank = 16,
+                                    .qk_head_dim = 16,
+                                    .qk_pos_emb_head_dim = 8,
+                                    .v_head_dim = 16,
+                                    .seq_length = 128,
+                                    .qk_layernorm = true};
+        const model::MlaSavedBytes saved = model::mla_saved_bytes(shape, 2, 2);
+        const int64_t layers = 2, gqa_bytes = 393'216 + 262'144 + 393'216 + 399'360;
+        EXPECT_EQ(
+            estimate_rank_memory(mla, 2).activations - estimate_rank_memory(gqa, 2).activations,
+            layers * (saved.forward + saved.dgrad - gqa_bytes))
+            << "q lora " << q_lora;
+    }
 }
 
 TEST(MemoryEstimate, OverlapHoldsTwoMicroBatches) {

@@ -78,6 +78,11 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.recompute_granularity = RecomputeGranularity::kSelective;
              c.model.recompute_modules = {RecomputeModule::kCoreAttn, RecomputeModule::kMoe};
          }},
+        {"RT035",
+         [](Config& c) {
+             c.model.multi_latent_attention = true;
+             c.model.rope_type = "yarn";
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -139,8 +144,8 @@ TEST(RuntimeSupport, ACapabilityThatLandsDropsItsId) {
     }
 }
 
-TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines) {
-    for (const char* id : {"RT002", "RT010", "RT020", "RT024", "RT031"}) {
+TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32PipelinesAndMla) {
+    for (const char* id : {"RT002", "RT007", "RT010", "RT020", "RT024", "RT031"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);
@@ -150,10 +155,12 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32AndPipelines
 
 TEST(RuntimeSupport, CurrentRuntimeRunsSelectiveRecomputeButNotFullOrTheMoeModule) {
     const auto findings = [](std::optional<RecomputeGranularity> granularity,
-                             std::optional<std::vector<RecomputeModule>> modules) {
+                             std::optional<std::vector<RecomputeModule>> modules,
+                             bool mla = false) {
         Config c = make_recipe("tiny-moe");
         c.model.recompute_granularity = granularity;
         c.model.recompute_modules = std::move(modules);
+        c.model.multi_latent_attention = mla;
         return runtime_findings(c, RuntimeCapabilities::current());
     };
     using M = RecomputeModule;
@@ -164,8 +171,13 @@ TEST(RuntimeSupport, CurrentRuntimeRunsSelectiveRecomputeButNotFullOrTheMoeModul
         SCOPED_TRACE(std::string(enum_name(m)));
         EXPECT_TRUE(findings(selective, std::vector<M>{m}).empty());
     }
-    for (M m : {M::kMoe, M::kMlaUpProj}) {
-        const auto f = findings(selective, std::vector<M>{M::kLayernorm, m});
+    // With multi-latent attention, what MLA keeps is refused, the rest runs.
+    for (M m : {M::kMoeAct, M::kMlp, M::kSharedExperts})
+        EXPECT_TRUE(findings(selective, std::vector<M>{m}, true).empty());
+    for (const auto& [m, mla] : {std::pair{M::kMoe, false}, std::pair{M::kMlaUpProj, true},
+                                 std::pair{M::kCoreAttn, true}, std::pair{M::kLayernorm, true}}) {
+        SCOPED_TRACE(std::string(enum_name(m)));
+        const auto f = findings(selective, std::vector<M>{M::kMoeAct, m}, mla);
         ASSERT_EQ(runtime_ids(f), std::vector<std::string>{"RT034"});
         EXPECT_EQ(f[0].field, "model.recompute_modules");
         EXPECT_EQ(f[0].value.rfind(std::string(enum_name(m)), 0), 0u) << f[0].value;
@@ -177,8 +189,8 @@ TEST(RuntimeSupport, CurrentRuntimeRunsSelectiveRecomputeButNotFullOrTheMoeModul
     EXPECT_TRUE(findings(std::nullopt, std::vector<M>{M::kMoe}).empty());
 }
 
-TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndTiedPipelines) {
-    for (const char* id : {"RT027", "RT028", "RT033"}) {
+TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageTiedPipelinesAndYarn) {
+    for (const char* id : {"RT027", "RT028", "RT033", "RT035"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

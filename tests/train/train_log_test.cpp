@@ -100,5 +100,25 @@ TEST(Flops, MoeLayersCountTopKExpertsAndSharedExpert) {
     EXPECT_DOUBLE_EQ(model_flops(s, 3), model_flops(dense_equivalent, 3));
 }
 
+TEST(Flops, MlaCountsItsProjectionsAndCoreAttentionByHand) {
+    // One MLA layer, no MLP or vocabulary: H 8, N 2, Rq 4, Rkv 3, Dn 2, Dr 2, Dv 3, S 4.
+    // q: 4 (8 + 2 x 4 + 1) = 68; kv: 3 (8 + 2 x 5 + 1) + 8 x 2 = 73; proj: 2 x 3 x 8 = 48;
+    // core: 4 (2 x 4 + 2 x 3) / 2 = 28; x 6 = 1302 per token, 4 tokens.
+    FlopsShape s{.num_layers = 1,
+                 .hidden_size = 8,
+                 .num_attention_heads = 2,
+                 .seq_length = 4,
+                 .multi_latent_attention = true,
+                 .q_lora_rank = 4,
+                 .kv_lora_rank = 3,
+                 .qk_head_dim = 2,
+                 .qk_pos_emb_head_dim = 2,
+                 .v_head_dim = 3};
+    EXPECT_DOUBLE_EQ(model_flops(s, 1), 4 * 6.0 * (68 + 73 + 48 + 28));
+    // Without q_lora_rank the query projection is H x N Dq = 64.
+    s.q_lora_rank = 0;
+    EXPECT_DOUBLE_EQ(model_flops(s, 1), 4 * 6.0 * (64 + 73 + 48 + 28));
+}
+
 }  // namespace
 }  // namespace epo::train

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -37,9 +38,9 @@ const std::set<std::string>& epo_keys() {
 }
 
 // Keys EPO has no field for whose value changes what would be planned or trained: allowed only at
-// the value that changes nothing (null or false), else refused with the reason. (fp8_recipe and
-// the like only matter with fp8 set, so they are merely ignored.) (Once EPO grows
-// a field of the same name it is read like any other.)
+// the value that changes nothing (null, false or zero), else refused with the reason. (fp8_recipe
+// and the like only matter with fp8 set, so they are merely ignored.) (Once EPO grows a field of
+// the same name it is read like any other.)
 struct Unhonoured {
     std::string_view key;
     std::string_view reason;
@@ -47,7 +48,20 @@ struct Unhonoured {
 constexpr Unhonoured kUnhonoured[] = {
     {"model.fp4", "EPO does not model FP4 compute"},
     {"mixed_precision.fp4", "EPO does not model FP4 compute"},
+    // Megatron's MLA scales its softmax by mscale^2 / sqrt(q_head_dim), mscale =
+    // 0.1 mscale_all_dim ln(rotary_scaling_factor) + 1, whatever the rope type; EPO's MLA uses
+    // 1 / sqrt(q_head_dim), which is the reference's at mscale_all_dim = 0.
+    {"model.mscale_all_dim",
+     "EPO's multi-latent attention does not apply YaRN's softmax mscale (0 leaves the scale at "
+     "1 / sqrt(q_head_dim))"},
 };
+
+// "0", "0.0", "-0e0": a number that is zero (a zero scale changes nothing either).
+bool is_zero(const std::string& text) {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    return end != text.c_str() && *end == '\0' && v == 0.0;
+}
 
 class Translator {
 public:
@@ -174,14 +188,15 @@ private:
             }
             const bool harmless =
                 value.IsNull() ||
-                (value.IsScalar() && (value.Scalar() == "false" || value.Scalar() == "False"));
+                (value.IsScalar() && (value.Scalar() == "false" || value.Scalar() == "False" ||
+                                      is_zero(value.Scalar())));
             if (!harmless) {
                 const std::string shown = value.IsScalar()     ? value.Scalar()
                                           : value.IsSequence() ? "a list"
                                                                : "a mapping";
                 fail(mark, key,
                      fmt::format("{} = {} would change the result, but {}; set it to null (or "
-                                 "false) to plan without it",
+                                 "false, or 0) to plan without it",
                                  key, shown, u.reason));
             }
         }

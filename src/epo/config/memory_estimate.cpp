@@ -18,6 +18,10 @@ struct Widths {
     int64_t E = 0, E_local = 0, k = 0, F = 0, f1 = 0;  // MoE
     int64_t Fd = 0, f1d = 0;                           // dense MLP
     int64_t Fs = 0, f1s = 0;                           // shared expert (0: none)
+    // Multi-latent attention (mla): q_lora_rank (0: none), kv_lora_rank, qk_head_dim,
+    // qk_pos_emb_head_dim, v_head_dim.
+    bool mla = false;
+    int64_t Rq = 0, Rkv = 0, Dn = 0, Dr = 0, Dv = 0;
 };
 
 Widths widths_of(const Config& cfg) {
@@ -34,6 +38,14 @@ Widths widths_of(const Config& cfg) {
     w.G = num_query_groups(m);
     w.d = kv_channels(m);
     w.W = (w.A + 2 * w.G) * w.d;
+    w.mla = m.multi_latent_attention;
+    if (w.mla) {
+        w.Rq = m.q_lora_rank.value_or(0);
+        w.Rkv = m.kv_lora_rank;
+        w.Dn = m.qk_head_dim;
+        w.Dr = m.qk_pos_emb_head_dim;
+        w.Dv = m.v_head_dim;
+    }
     w.Fd = ffn_hidden_size(m);
     w.f1d = gated ? 2 * w.Fd : w.Fd;
     if (is_moe(m)) {
@@ -48,6 +60,43 @@ Widths widths_of(const Config& cfg) {
     return w;
 }
 
+struct LayerBytes {
+    int64_t fwd = 0;
+    int64_t bwd = 0;
+};
+
+// Multi-latent attention's parameters (model/mla_attention.h): q_down (Rq, H) and q_up
+// (A Dq, Rq), or q_proj (A Dq, H); kv_down (Rkv + Dr, H); kv_up (A (Dn + Dv), Rkv); proj
+// (H, A Dv); with qk_layernorm the q norm (Rq, or H) and the kv norm (Rkv).
+int64_t mla_params(const ModelConfig& m, const Widths& w) {
+    const int64_t Dq = w.Dn + w.Dr, q_in = w.Rq > 0 ? w.Rq : w.H;
+    int64_t n = (w.Rq > 0 ? w.Rq * w.H : 0) + w.A * Dq * q_in + (w.Rkv + w.Dr) * w.H +
+                w.A * (w.Dn + w.Dv) * w.Rkv + w.H * w.A * w.Dv;
+    if (m.qk_layernorm)
+        n += q_in + w.Rkv;
+    return n;
+}
+
+// What multi-latent attention saves per micro-batch (model/mla_attention.h, mla_saved_bytes):
+// forward: cq and q_up's input (or the normed x), the kv latent before and after its norm, the
+// norms' rstd, q, k, v, ctx and the probabilities; dgrad for wgrad: the gradients of every
+// projection's output (dout, dq, dkv, dkv_down, dcq).
+LayerBytes mla_bytes(const ModelConfig& m, const Widths& w) {
+    const int64_t c = w.c, T = w.T, Dq = w.Dn + w.Dr;
+    const bool lora = w.Rq > 0, norm = m.qk_layernorm;
+    int64_t per_token = 0;
+    if (lora)
+        per_token += c * w.Rq * (norm ? 2 : 1) + (norm ? 4 : 0);
+    else if (norm)
+        per_token += c * w.H + 4;
+    per_token += c * w.Rkv * (norm ? 2 : 1) + (norm ? 4 : 0);
+    per_token += c * (2 * w.A * Dq + 2 * w.A * w.Dv);
+    LayerBytes b;
+    b.fwd = T * per_token + c * w.B * w.A * w.S * w.S;
+    b.bwd = T * c * (w.H + w.A * Dq + w.A * (w.Dn + w.Dv) + w.Rkv + w.Dr + (lora ? w.Rq : 0));
+    return b;
+}
+
 struct ParamCounts {
     int64_t dense = 0;
     int64_t expert = 0;
@@ -58,7 +107,8 @@ ParamCounts param_counts(const Config& cfg, const Widths& w) {
     ParamCounts p;
     p.dense = w.V * w.H * (m.share_embeddings_and_output_weights ? 1 : 2) + w.H;
     for (bool moe : moe_layer_pattern(m)) {
-        p.dense += 2 * w.H + w.H * w.W + w.A * w.d * w.H + (m.qk_layernorm ? 2 * w.d : 0);
+        p.dense += 2 * w.H + (w.mla ? mla_params(m, w)
+                                    : w.H * w.W + w.A * w.d * w.H + (m.qk_layernorm ? 2 * w.d : 0));
         if (moe) {
             p.dense += w.E * w.H + (m.moe_router_enable_expert_bias ? w.E : 0);
             p.dense += w.H * w.f1s + w.Fs * w.H;
@@ -98,11 +148,18 @@ int64_t recompute_saving(const Config& cfg, const Widths& w, bool moe) {
 LayerBytes layer_bytes(const Config& cfg, const Widths& w, bool moe) {
     const int64_t c = w.c, T = w.T, H = w.H, R = T * w.k;
     LayerBytes b;
-    b.fwd =
-        8 * T * H + 2 * c * T * H + 8 * T + c * T * (w.W + w.A * w.d) + c * w.B * w.A * w.S * w.S;
-    if (cfg.model.qk_layernorm)
-        b.fwd += 4 * T * (w.A + w.G) * (w.d + 1);
-    b.bwd = c * T * H + c * T * w.W + c * T * H + 4 * T * H;
+    b.fwd = 8 * T * H + 2 * c * T * H + 8 * T;
+    b.bwd = c * T * H + 4 * T * H;  // d_out_c, dn2
+    if (w.mla) {
+        const LayerBytes a = mla_bytes(cfg.model, w);
+        b.fwd += a.fwd;
+        b.bwd += a.bwd;
+    } else {
+        b.fwd += c * T * (w.W + w.A * w.d) + c * w.B * w.A * w.S * w.S;
+        if (cfg.model.qk_layernorm)
+            b.fwd += 4 * T * (w.A + w.G) * (w.d + 1);
+        b.bwd += c * T * H + c * T * w.W;  // dout, dqkv
+    }
     if (moe) {
         b.fwd += 8 * T * w.E + 12 * T * w.k + 6 * c * R * H + c * R * (w.f1 + w.F);
         b.bwd += 6 * T * w.E + 5 * c * R * H + c * R * w.f1;
@@ -170,8 +227,14 @@ int64_t scratch_bytes(const Config& cfg) {
         // One head's P and scores at a time, instead of the layer's probabilities.
         recomputed += (w.c + 4) * w.S * w.S - w.c * w.B * w.A * w.S * w.S;
     }
-    return 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H +
-           std::max<int64_t>(0, recomputed);
+    int64_t base = 4 * w.T * w.W + w.c * w.T * w.A * w.d + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
+    if (w.mla) {
+        // MLA's dgrad: f32 dq, dk, dv, the context gradient, and the latents' f32 gradients.
+        const int64_t Dq = w.Dn + w.Dr;
+        base = 4 * w.T * (2 * w.A * Dq + w.A * w.Dv + w.Dr + w.Rkv + std::max(w.Rq, w.H)) +
+               w.c * w.T * w.A * w.Dv + (4 + w.c) * w.S * w.S + 8 * w.T * w.H;
+    }
+    return base + std::max<int64_t>(0, recomputed);
 }
 
 int micro_batches_in_flight(const Config& cfg) {

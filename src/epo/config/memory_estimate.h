@@ -27,7 +27,11 @@
 //   fwd = 4TH x + 4TH h + 2cTH (n1, n2) + 8T rstd + cT(W + Ad) q,k,v,ctx + cBAS^2 probs
 //         MoE: 8TE + 12Tk router + 6cRH dispatch buffers + cR(f1 + F) experts
 //              [+ cT(f1s + Fs) + 4TH shared expert]     dense: cT(f1 + F)
+//         multi-latent attention replaces cT(W + Ad) + cBAS^2 (and the qk-norm term) with what
+//         model/mla_attention.h's mla_saved_bytes counts: c T (Rq [+ Rq] + Rkv [+ Rkv]
+//         + 2 A Dq + 2 A Dv) + 4T per norm + cBAS^2 (Dq = qk_head_dim + qk_pos_emb_head_dim)
 //   bwd = cTH dout + cTW dqkv + cTH d_out_c + 4TH dn2
+//         MLA: cTW is replaced by cT(A Dq + A (Dn + Dv) + Rkv + Dr [+ Rq])
 //         MoE: 6TE router + 5cRH dispatch gradients + cR f1 [+ cT f1s]   dense: cT f1
 //   output = 4TH x + cTH normed + 4T + cTV dlogits + 4TH d_normed
 // Selective recompute (recompute_modules) takes out of fwd what it does not keep and puts it in

@@ -50,6 +50,10 @@ struct ModelConfig {
     int qk_head_dim = 128;
     int qk_pos_emb_head_dim = 64;
     int v_head_dim = 128;
+    // MLA's rotary embedding: "rope" (plain, what the runtime runs) or "yarn" (YaRN's frequency
+    // scaling and softmax mscale: RT035). Megatron's MLA config defaults to "yarn"; EPO's
+    // default is the variant it runs, and a config that names yarn is refused, not run as rope.
+    std::string rope_type = "rope";
 
     // Parallel sizes.
     int tensor_model_parallel_size = 1;
@@ -164,6 +168,7 @@ struct ModelConfig {
         v("qk_head_dim", s.qk_head_dim, positive);
         v("qk_pos_emb_head_dim", s.qk_pos_emb_head_dim, Limits::at_least(0));
         v("v_head_dim", s.v_head_dim, positive);
+        v("rope_type", s.rope_type);
         v("tensor_model_parallel_size", s.tensor_model_parallel_size, positive);
         v("pipeline_model_parallel_size", s.pipeline_model_parallel_size, positive);
         v("virtual_pipeline_model_parallel_size", s.virtual_pipeline_model_parallel_size, positive);

@@ -112,6 +112,7 @@ Config deepseek_v3() {
     m.layernorm_epsilon = 1e-6;
     m.init_method_std = 0.006;
     m.multi_latent_attention = true;
+    m.qk_layernorm = true;  // MLA's q and kv latent norms (Bridge's DeepSeek-V3 sets it)
     m.q_lora_rank = 1536;
     m.kv_lora_rank = 512;
     m.qk_head_dim = 128;

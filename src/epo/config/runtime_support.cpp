@@ -80,7 +80,9 @@ const std::vector<FeatureRow>& rows() {
          "set model.mtp_num_layers=null"},
         {{"RT007", "multi-latent attention", &RC::multi_latent_attention},
          [](C c) {
-             return when(c.model.multi_latent_attention, "model.multi_latent_attention", "true");
+             // With a rope type other than plain rope it has an id of its own (RT034).
+             return when(c.model.multi_latent_attention && c.model.rope_type == "rope",
+                         "model.multi_latent_attention", "true");
          },
          "set model.multi_latent_attention=false"},
         // Selective recompute runs (model/transformer_layer.h), but for the modules of RT034.
@@ -268,21 +270,38 @@ const std::vector<FeatureRow>& rows() {
          "use a global batch whose micro-batch count (global batch / (micro batch x DP)) is a "
          "multiple of model.pipeline_model_parallel_size, or "
          "model.virtual_pipeline_model_parallel_size=null"},
-        // The MoE layer whole would re-run its all-to-alls in the backward; MLA's up
-        // projections belong to multi-latent attention (RT007).
-        {{"RT034", "selective recompute of the moe or mla_up_proj module", &RC::recompute_moe_mla},
+        // The MoE layer whole would re-run its all-to-alls in the backward; multi-latent
+        // attention (model/mla_attention.h) keeps its probabilities, norm inputs and up
+        // projections: its core_attn, layernorm and mla_up_proj are not recomputed.
+        {{"RT034",
+          "selective recompute of the moe module, or of core_attn, layernorm or mla_up_proj with "
+          "multi-latent attention",
+          &RC::recompute_moe_mla},
          [](C c) {
              std::vector<std::string> modules;
-             for (RecomputeModule m : {RecomputeModule::kMoe, RecomputeModule::kMlaUpProj}) {
-                 if (recomputes_module(c.model, m))
+             using M = RecomputeModule;
+             const bool mla = c.model.multi_latent_attention;
+             for (M m : {M::kMoe, M::kMlaUpProj, M::kCoreAttn, M::kLayernorm}) {
+                 const bool refused = m == M::kMoe || (mla && m != M::kMoe);
+                 if (refused && recomputes_module(c.model, m))
                      modules.emplace_back(enum_name(m));
              }
              return when(!modules.empty(), "model.recompute_modules",
                          fmt::format("{} (in {})", fmt::join(modules, ", "),
                                      show(c.model.recompute_modules)));
          },
-         "drop moe and mla_up_proj from model.recompute_modules (core_attn, layernorm, moe_act, "
-         "mlp and shared_experts run)"},
+         "drop moe (and, with multi-latent attention, core_attn, layernorm and mla_up_proj) from "
+         "model.recompute_modules (core_attn, layernorm, moe_act, mlp and shared_experts run; "
+         "with MLA moe_act, mlp and shared_experts)"},
+        // model/mla_attention.h applies plain rotary embeddings to MLA's positional part;
+        // YaRN also rescales the frequencies and the softmax (mscale).
+        {{"RT035", "multi-latent attention with a rope type other than plain rope (YaRN)",
+          &RC::mla_yarn_rope},
+         [](C c) {
+             return when(c.model.multi_latent_attention && c.model.rope_type != "rope",
+                         "model.rope_type", c.model.rope_type);
+         },
+         "set model.rope_type=rope (EPO's MLA runs plain rotary embeddings)"},
     };
     return table;
 }
@@ -291,8 +310,9 @@ const std::vector<FeatureRow>& rows() {
 
 RuntimeCapabilities RuntimeCapabilities::current() {
     RuntimeCapabilities caps;
-    caps.qk_layernorm = true;           // model/attention.h
-    caps.tied_embeddings = true;        // model/gpt_model.h: the output layer reads the embedding
+    caps.qk_layernorm = true;            // model/attention.h
+    caps.multi_latent_attention = true;  // model/mla_attention.h
+    caps.tied_embeddings = true;         // model/gpt_model.h: the output layer reads the embedding
     caps.fp32_training = true;          // every kernel has an f32 path (the gradient checks use it)
     caps.distributed_optimizer = true;  // train/trainer.h (ZeRO-1, with bucketed param gather)
     caps.pipeline_parallel = true;      // schedule/pipeline_schedule.h, docs/pipeline.md

@@ -52,6 +52,7 @@ struct RuntimeCapabilities {
     bool fp8_training = false;                // RT032
     bool interleaved_partial_group = false;   // RT033
     bool recompute_moe_mla = false;           // RT034 (the moe / mla_up_proj modules)
+    bool mla_yarn_rope = false;               // RT035
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

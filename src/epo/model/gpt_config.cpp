@@ -25,6 +25,19 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
         .qk_layernorm = m.qk_layernorm,
         .norm_eps = static_cast<float>(m.layernorm_epsilon),
         .recompute_core_attn = config::recomputes_module(m, config::RecomputeModule::kCoreAttn)};
+    s.multi_latent_attention = m.multi_latent_attention;
+    if (m.multi_latent_attention) {
+        s.mla = MlaShape{.hidden = m.hidden_size,
+                         .num_heads = m.num_attention_heads,
+                         .q_lora_rank = m.q_lora_rank.value_or(0),
+                         .kv_lora_rank = m.kv_lora_rank,
+                         .qk_head_dim = m.qk_head_dim,
+                         .qk_pos_emb_head_dim = m.qk_pos_emb_head_dim,
+                         .v_head_dim = m.v_head_dim,
+                         .seq_length = m.seq_length,
+                         .qk_layernorm = m.qk_layernorm,
+                         .norm_eps = static_cast<float>(m.layernorm_epsilon)};
+    }
     s.norm_eps = static_cast<float>(m.layernorm_epsilon);
     s.rotary_base = m.rotary_base;
     s.init_std = static_cast<float>(m.init_method_std);

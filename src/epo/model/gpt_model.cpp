@@ -82,7 +82,11 @@ template class StatePool<HandoffState>;
 
 GptModel::GptModel(const GptShape& shape)
     : shape_(shape),
-      rope_(make_rope_table(shape.seq_length, shape.attn.head_dim, shape.rotary_base)) {
+      // MLA rotates only the positional part of its heads (width qk_pos_emb_head_dim).
+      rope_(make_rope_table(
+          shape.seq_length,
+          shape.multi_latent_attention ? shape.mla.qk_pos_emb_head_dim : shape.attn.head_dim,
+          shape.rotary_base)) {
     const DType cd = shape.compute_dtype;
     EPO_CHECK(shape.pipeline_size >= 1 && shape.virtual_pipeline_size >= 1 &&
                   shape.pipeline_rank >= 0 && shape.pipeline_rank < shape.pipeline_size &&
@@ -104,6 +108,8 @@ GptModel::GptModel(const GptShape& shape)
                      .tokens = shape.tokens(),
                      .num_sequences = shape.micro_batch_size,
                      .attn = shape.attn,
+                     .multi_latent_attention = shape.multi_latent_attention,
+                     .mla = shape.mla,
                      .norm_eps = shape.norm_eps,
                      .is_moe = shape.moe_layers[static_cast<size_t>(l)],
                      .ffn_hidden = shape.ffn_hidden,
@@ -177,9 +183,22 @@ void GptModel::init_weights(uint64_t seed) {
         LayerParams& p = layers_[static_cast<size_t>(l)];
         init_ones(p.input_norm);
         init_ones(p.pre_mlp_norm);
-        init_normal(p.attn.qkv, seed, std);
-        init_normal(p.attn.proj, seed, out_std);
-        if (shape_.attn.qk_layernorm) {
+        if (shape_.multi_latent_attention) {
+            // As Megatron: every projection normal(std), the output projection scaled.
+            for (Param* w : {&p.mla.q_down, &p.mla.q_up, &p.mla.kv_down, &p.mla.kv_up}) {
+                if (!w->name.empty())
+                    init_normal(*w, seed, std);
+            }
+            init_normal(p.mla.proj, seed, out_std);
+            if (shape_.mla.qk_layernorm) {
+                init_ones(p.mla.q_norm);
+                init_ones(p.mla.kv_norm);
+            }
+        } else {
+            init_normal(p.attn.qkv, seed, std);
+            init_normal(p.attn.proj, seed, out_std);
+        }
+        if (!shape_.multi_latent_attention && shape_.attn.qk_layernorm) {
             init_ones(p.attn.q_norm);
             init_ones(p.attn.k_norm);
         }

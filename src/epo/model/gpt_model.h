@@ -55,6 +55,8 @@ struct GptShape {
     int64_t seq_length = 0;
     int64_t micro_batch_size = 1;
     AttentionShape attn;
+    bool multi_latent_attention = false;  // self-attention is MLA (mla) instead of attn
+    MlaShape mla;
     float norm_eps = 1e-6f;
     double rotary_base = 10000.0;
     float init_std = 0.02f;

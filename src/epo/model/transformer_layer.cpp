@@ -43,6 +43,32 @@ int chunk_of(const LayerShape& s, const NodeArgs& a) {
     return chunked ? a.moe_chunk : 0;
 }
 
+// The layer's self-attention, multi-latent or grouped-query: the one place that chooses.
+// forward: h (T, H) f32 += attention(n1).
+void self_attention_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
+                            LayerState& st, Arena& scratch) {
+    if (s.multi_latent_attention)
+        mla_forward(s.mla, p.mla, rope, st.n1, st.h, st.mla, st.arena, scratch);
+    else
+        attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, st.arena, scratch);
+}
+
+// dn1 (T, H) f32 = the input gradient for dh (T, H) f32.
+void self_attention_dgrad(const LayerShape& s, LayerParams& p, const RopeTable& rope,
+                          LayerState& st, const Tensor& dh, const Tensor& dn1, Arena& scratch) {
+    if (s.multi_latent_attention)
+        mla_backward_dgrad(s.mla, p.mla, rope, dh, dn1, st.mla, st.arena, scratch);
+    else
+        self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
+}
+
+void self_attention_wgrad(const LayerShape& s, LayerParams& p, LayerState& st, Arena& scratch) {
+    if (s.multi_latent_attention)
+        mla_backward_wgrad(s.mla, p.mla, s.gradient_accumulation_fusion, st.mla, scratch);
+    else
+        attention_backward_wgrad(p.attn, s.gradient_accumulation_fusion, st.attn, scratch);
+}
+
 // ---- Selective recompute of the norms (layernorm) and the dense MLP (mlp): see the header.
 
 // n1 / n2 in the compute dtype: the kept one, or recomputed from the layer input / the residual
@@ -101,7 +127,10 @@ LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
     const DType cd = s.compute_dtype;
     LayerParams p;
     p.input_norm = make_param(prefix + "input_layernorm.weight", {s.hidden}, DType::kF32);
-    p.attn = make_attention_params(s.attn, cd, prefix);
+    if (s.multi_latent_attention)
+        p.mla = make_mla_params(s.mla, cd, prefix);
+    else
+        p.attn = make_attention_params(s.attn, cd, prefix);
     p.pre_mlp_norm = make_param(prefix + "pre_mlp_layernorm.weight", {s.hidden}, DType::kF32);
     if (!s.is_moe) {
         p.dense = moe::make_shared_expert_weights(s.hidden, s.ffn_hidden, cd);
@@ -126,11 +155,15 @@ LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
 void collect_layer_params(const LayerShape& s, LayerParams& p, std::vector<Param*>& dense,
                           std::vector<Param*>& expert) {
     dense.push_back(&p.input_norm);
-    dense.push_back(&p.attn.qkv);
-    dense.push_back(&p.attn.proj);
-    if (s.attn.qk_layernorm) {
-        dense.push_back(&p.attn.q_norm);
-        dense.push_back(&p.attn.k_norm);
+    if (s.multi_latent_attention) {
+        collect_mla_params(s.mla, p.mla, dense);
+    } else {
+        dense.push_back(&p.attn.qkv);
+        dense.push_back(&p.attn.proj);
+        if (s.attn.qk_layernorm) {
+            dense.push_back(&p.attn.q_norm);
+            dense.push_back(&p.attn.k_norm);
+        }
     }
     dense.push_back(&p.pre_mlp_norm);
     if (!s.is_moe) {
@@ -158,7 +191,7 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
     rmsnorm_forward(st.x, p.input_norm, s.norm_eps, st.n1, st.rstd1);
     st.h = ar.alloc({T, H}, DType::kF32);
     st.h.copy_from(st.x);  // residual: attention accumulates into it
-    attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, ar, *a.scratch);
+    self_attention_forward(s, p, rope, st, *a.scratch);
     // A dense layer's n2 feeds the mlp node: recomputed, it is computed again there.
     st.n2 = home(ln, st, a).alloc({T, H}, cd);
     st.rstd2 = ar.alloc({T}, DType::kF32);
@@ -290,7 +323,7 @@ void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& s
                               const NodeArgs& a) {
     const bool fusion = s.gradient_accumulation_fusion;
     normed1(s, p, st, *a.scratch);  // the qkv wgrad's input
-    attention_backward_wgrad(p.attn, fusion, st.attn, *a.scratch);
+    self_attention_wgrad(s, p, st, *a.scratch);
     if (s.is_moe) {
         normed2(s, p, st, *a.scratch);  // the router's and shared expert's wgrad input
         moe::block_pre_dispatch_backward_dw(block_of(s, p, a), st.moe, *a.scratch);

@@ -46,6 +46,7 @@
 
 #include "epo/comm/communicator.h"
 #include "epo/model/attention.h"
+#include "epo/model/mla_attention.h"
 #include "epo/moe/moe_block.h"
 #include "epo/moe/moe_layer.h"
 
@@ -63,6 +64,10 @@ struct LayerShape {
     int64_t tokens = 0;         // T = micro_batch_size * seq_length
     int64_t num_sequences = 1;  // micro_batch_size
     AttentionShape attn;
+    // Self-attention is multi-latent attention (mla; attn unused) instead of grouped-query
+    // attention (attn); the layer's one selection point is in transformer_layer.cpp.
+    bool multi_latent_attention = false;
+    MlaShape mla;
     float norm_eps = 1e-6f;
     bool is_moe = false;
     int64_t ffn_hidden = 0;  // dense MLP width
@@ -74,8 +79,9 @@ struct LayerShape {
 };
 
 struct LayerParams {
-    Param input_norm;  // (H) "input_layernorm.weight"
-    AttentionParams attn;
+    Param input_norm;                // (H) "input_layernorm.weight"
+    AttentionParams attn;            // grouped-query attention
+    MlaParams mla;                   // multi-latent attention
     Param pre_mlp_norm;              // (H) "pre_mlp_layernorm.weight"
     moe::SharedExpertWeights dense;  // dense layers: fc1 (2F, H), fc2 (H, F)
     moe::MoeLayerParams moe;         // MoE layers: router, this rank's experts, shared expert
@@ -95,7 +101,8 @@ struct LayerState {
     Tensor x;      // (T, H) f32 layer input: the model's hand-off tensor, kept for the backward
     Tensor n1;     // (T, H) compute dtype (layernorm recompute: a scratch view inside a node)
     Tensor rstd1;  // (T) f32
-    AttentionContext attn;
+    AttentionContext attn;         // grouped-query attention
+    MlaContext mla;                // multi-latent attention
     Tensor h;                      // (T, H) f32 residual after attention
     Tensor n2;                     // (T, H) compute dtype (as n1)
     Tensor rstd2;                  // (T) f32

@@ -17,10 +17,23 @@ double model_flops(const FlopsShape& s, int64_t num_samples) {
          static_cast<double>(s.moe_ffn_hidden_size) * s.moe_router_topk * g * moe_fraction +
          s.moe_shared_expert_intermediate_size * g * moe_fraction);
     const double query_ratio = static_cast<double>(s.num_attention_heads) * s.kv_channels / H;
-    const double attention =
+    double attention =
         expansion * L * H * H *
         (1.0 + static_cast<double>(s.num_query_groups) / s.num_attention_heads + S / H / 2.0) *
         query_ratio;
+    if (s.multi_latent_attention) {
+        const double N = static_cast<double>(s.num_attention_heads);
+        const double Rq = static_cast<double>(s.q_lora_rank);
+        const double Rkv = static_cast<double>(s.kv_lora_rank);
+        const double Dn = static_cast<double>(s.qk_head_dim);
+        const double Dr = static_cast<double>(s.qk_pos_emb_head_dim);
+        const double Dv = static_cast<double>(s.v_head_dim);
+        const double Dq = Dn + Dr;
+        const double q = s.q_lora_rank > 0 ? Rq * (H + N * Dq + 1.0) : H * N * Dq;
+        attention = 6.0 * L *
+                    (q + Rkv * (H + N * (Dn + Dv) + 1.0) + H * Dr + N * Dv * H +
+                     S * (N * Dq + N * Dv) / 2.0);
+    }
     const double logits = 3.0 * 2.0 * H * static_cast<double>(s.vocab_size);
     return static_cast<double>(num_samples) * S * (mlp + attention + logits);
 }
@@ -40,7 +53,13 @@ double model_flops(const model::GptShape& s, int64_t num_samples) {
                            .num_query_groups = s.attn.num_groups,
                            .kv_channels = s.attn.head_dim,
                            .seq_length = s.seq_length,
-                           .vocab_size = s.vocab};
+                           .vocab_size = s.vocab,
+                           .multi_latent_attention = s.multi_latent_attention,
+                           .q_lora_rank = s.mla.q_lora_rank,
+                           .kv_lora_rank = s.mla.kv_lora_rank,
+                           .qk_head_dim = s.mla.qk_head_dim,
+                           .qk_pos_emb_head_dim = s.mla.qk_pos_emb_head_dim,
+                           .v_head_dim = s.mla.v_head_dim};
     return model_flops(flops, num_samples);
 }
 

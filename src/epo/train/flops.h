@@ -8,8 +8,14 @@
 //                   + 12 * L * H^2 * (1 + G/A + S/(2H)) * (A * d / H)
 //                   + 6 * H * V )
 // with B samples, S sequence length, L layers, H hidden, A heads, G query groups, d head dim,
-// V vocabulary, K top-k, g = 3/2 for SwiGLU. Multi-token prediction and MLA are not counted:
-// the runtime refuses them (runtime-support checks).
+// V vocabulary, K top-k, g = 3/2 for SwiGLU. With multi-latent attention the attention term is
+// the reference's MLA count instead (N heads, Rq q_lora_rank, Rkv kv_lora_rank, Dn qk_head_dim,
+// Dr qk_pos_emb_head_dim, Dq = Dn + Dr, Dv v_head_dim; the +1 are the latent norms):
+//
+//   6 * L * ( q + Rkv * (H + N (Dn + Dv) + 1) + H Dr + N Dv H + S (N Dq + N Dv) / 2 )
+//   q = Rq * (H + N Dq + 1), or H N Dq without q_lora_rank
+//
+// Multi-token prediction is not counted: the runtime refuses it (runtime-support checks).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +40,12 @@ struct FlopsShape {
     int64_t seq_length = 0;
     int64_t vocab_size = 0;
     bool swiglu = true;
+    bool multi_latent_attention = false;
+    int64_t q_lora_rank = 0;  // 0: queries not compressed
+    int64_t kv_lora_rank = 0;
+    int64_t qk_head_dim = 0;
+    int64_t qk_pos_emb_head_dim = 0;
+    int64_t v_head_dim = 0;
 };
 
 // FLOPs of one training step (forward + backward) over `num_samples` sequences.

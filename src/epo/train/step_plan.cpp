@@ -21,10 +21,15 @@ namespace {
 void layer_param_sizes(const model::GptShape& s, bool is_moe, PositionParamSizes& out) {
     const int64_t H = s.hidden;
     const model::AttentionShape& a = s.attn;
-    out.dense.push_back(H);                                                  // input_layernorm
-    out.dense.push_back((a.num_heads + 2 * a.num_groups) * a.head_dim * H);  // linear_qkv
-    out.dense.push_back(H * a.num_heads * a.head_dim);                       // linear_proj
-    if (a.qk_layernorm) {
+    out.dense.push_back(H);  // input_layernorm
+    if (s.multi_latent_attention) {
+        for (int64_t n : model::mla_param_sizes(s.mla))
+            out.dense.push_back(n);
+    } else {
+        out.dense.push_back((a.num_heads + 2 * a.num_groups) * a.head_dim * H);  // linear_qkv
+        out.dense.push_back(H * a.num_heads * a.head_dim);                       // linear_proj
+    }
+    if (!s.multi_latent_attention && a.qk_layernorm) {
         out.dense.push_back(a.head_dim);  // q_layernorm
         out.dense.push_back(a.head_dim);  // k_layernorm
     }
