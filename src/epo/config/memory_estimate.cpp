@@ -63,6 +63,7 @@ Widths widths_of(const Config& cfg) {
 struct LayerBytes {
     int64_t fwd = 0;
     int64_t bwd = 0;
+    int64_t recomputed = 0;  // what selective recompute writes to scratch instead of fwd
 };
 
 // Multi-latent attention's parameters (model/mla_attention.h): q_down (Rq, H) and q_up
@@ -119,12 +120,6 @@ ParamCounts param_counts(const Config& cfg, const Widths& w) {
     }
     return p;
 }
-
-struct LayerBytes {
-    int64_t fwd = 0;
-    int64_t bwd = 0;
-    int64_t recomputed = 0;  // what selective recompute writes to scratch instead of fwd
-};
 
 // What each selected module does not keep (the header's recompute line), for one layer.
 int64_t recompute_saving(const Config& cfg, const Widths& w, bool moe) {
