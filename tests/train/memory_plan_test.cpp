@@ -14,8 +14,8 @@ namespace {
 
 config::Config tiny(std::vector<std::string> extra) {
     std::vector<std::string> o = {"model.num_layers=4", "comm.gpus_per_node=4",
-                                  "model.expert_model_parallel_size=2",
-                                  "train.micro_batch_size=2", "train.global_batch_size=16"};
+                                  "model.expert_model_parallel_size=2", "train.micro_batch_size=2",
+                                  "train.global_batch_size=16"};
     o.insert(o.end(), extra.begin(), extra.end());
     return epo::testing::run_config("tiny-moe", o);
 }
@@ -49,8 +49,7 @@ TEST(MemoryPlan, EachStageCountsItsOwnLayersAndItsUnitsInFlight) {
     const int64_t half = 2 * a.moe_layer;  // tiny-moe: every layer MoE
     for (int stage : {0, 1}) {
         const model::GptShape shape = model::gpt_shape_from_config(c, 2, 0, stage);
-        const config::MemoryEstimate m =
-            estimate_stage_memory(c, make_step_plan(c, shape), shape);
+        const config::MemoryEstimate m = estimate_stage_memory(c, make_step_plan(c, shape), shape);
         if (stage == 0) {
             EXPECT_EQ(m.micro_batches_in_flight, 2);
             EXPECT_EQ(m.activations, 2 * (half + a.handoff));

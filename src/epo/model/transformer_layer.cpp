@@ -59,7 +59,7 @@ void self_attention_dgrad(const LayerShape& s, LayerParams& p, const RopeTable& 
     if (s.multi_latent_attention)
         mla_backward_dgrad(s.mla, p.mla, rope, dh, dn1, st.mla, st.arena, scratch);
     else
-        self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
+        attention_backward_dgrad(s.attn, p.attn, rope, dh, dn1, st.attn, st.arena, scratch);
 }
 
 void self_attention_wgrad(const LayerShape& s, LayerParams& p, LayerState& st, Arena& scratch) {
@@ -311,7 +311,7 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
     dh.copy_from(d_out);  // residual
     rmsnorm_backward(st.h, p.pre_mlp_norm, st.rstd2, st.dn2, dh, ws);
     Tensor dn1 = scratch.alloc({T, H}, DType::kF32);
-    attention_backward_dgrad(s.attn, p.attn, rope, dh, dn1, st.attn, st.arena, scratch);
+    self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
     d_x.copy_from(dh);  // residual
     rmsnorm_backward(st.x, p.input_norm, st.rstd1, dn1, d_x, ws);
     if (with_wgrad)
