@@ -5,7 +5,9 @@
 # segmentation fault, and no epo process left on either host. Under both launchers: plain
 # `mpirun` and `epo launch`.
 #   scripts/cut_link_soak.sh [TRIES_PER_CASE] [EPO_BINARY]     (root; iproute2)
-# Prints one line per try and a count per case; exits 1 if any try failed.
+# Prints one line per try and a count per case; exits 1 if any try failed. A try whose job has not
+# reached its third step within 5 minutes (a loaded machine) is not cut: it is reported, run again
+# (5 at most in a row) and counted apart.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 tries=${1:-20}
@@ -23,6 +25,8 @@ declare -A cases=(
   [param_gather]="-ep 2 ddp.use_distributed_optimizer=true ddp.overlap_param_gather=true"
 )
 failed=0
+not_started=0
+retries=0
 out=$(mktemp -d)
 trap '"$cluster" down >/dev/null 2>&1; rm -rf "$out"' EXIT
 for name in "${!cases[@]}"; do
@@ -38,7 +42,25 @@ for name in "${!cases[@]}"; do
         cmd="timeout -s KILL 200 $epo launch --omp-threads 1 --hosts \"\$EPO_CLUSTER_HOSTS\" -n 2 $epo train $args"
       fi
       "$cluster" run bash -c "$cmd; echo \"exit status \$?\"" >"$out/run.txt" 2>&1 &
-      for ((i = 0; i < 600; ++i)); do grep -q "iteration        3/" "$out/run.txt" && break; sleep 0.1; done
+      # The cut must land in a step: a job still starting (slow on a loaded machine) would fail
+      # at start-up instead, which says nothing about a cut link. Up to 5 minutes.
+      started=0
+      for ((i = 0; i < 3000; ++i)); do
+        grep -q "iteration        3/" "$out/run.txt" && { started=1; break; }
+        grep -q "^exit status" "$out/run.txt" && break
+        sleep 0.1
+      done
+      if ((started == 0)); then
+        "$cluster" down >/dev/null 2>&1
+        wait
+        not_started=$((not_started + 1))
+        cp "$out/run.txt" "/tmp/soak-$name-$launcher-$t.txt"
+        echo "$name $launcher try $t: NOT STARTED (no third step; log /tmp/soak-$name-$launcher-$t.txt)"
+        ((t--))  # the try does not count; at most 5 such in a row
+        ((++retries <= 5)) || { echo "$name $launcher: the job does not start; stopping"; exit 1; }
+        continue
+      fi
+      retries=0
       sleep "0.$((RANDOM % 10))$((RANDOM % 10))"  # a random moment of a step
       "$cluster" cut 1
       at=$(date +%s)
@@ -65,4 +87,5 @@ for name in "${!cases[@]}"; do
     echo "== $name under $launcher: $ok of $tries tries passed"
   done
 done
+((not_started == 0)) || echo "$not_started tries did not reach a step before the cut and were run again"
 exit $failed
