@@ -83,6 +83,7 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.multi_latent_attention = true;
              c.model.rope_type = "yarn";
          }},
+        {"RT036", [](Config& c) { c.optimizer.overlap_param_gather_with_optimizer_step = true; }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
