@@ -78,8 +78,17 @@ void prepare_heads(const AttentionShape& s, const Param* norm, const RopeTable& 
     scatter_cols(buf.data<float>(), width, tokens, out, width, 0);
 }
 
-// Row-wise causal softmax of scores (S, S) f32 scaled by `scale`, written to p (S, S) in the
-// compute dtype (zeros above the diagonal).
+// One head's probabilities p (S, S) compute dtype = causal_softmax(q k^T * scale), with
+// scores (S, S) f32 as workspace. The forward and core_attn's recompute both call it, so the
+// recomputed P has the forward's bits.
+void head_probs(const Matrix& q, const Matrix& k, float scale, const Tensor& scores, char* p,
+                DType p_type, std::vector<float>& row) {
+    kernels::gemm(q, k, kernels::as_matrix(scores), {.trans_b = true});
+    causal_softmax(scores.data<float>(), scale, q.rows, p, p_type, row);
+}
+
+}  // namespace
+
 void causal_softmax(const float* scores, float scale, int64_t S, void* p, DType p_type,
                     std::vector<float>& row) {
     const size_t es = dtype_size(p_type);
@@ -97,17 +106,6 @@ void causal_softmax(const float* scores, float scale, int64_t S, void* p, DType 
         kernels::store_row(row.data(), static_cast<char*>(p) + i * S * es, p_type, S);
     }
 }
-
-// One head's probabilities p (S, S) compute dtype = causal_softmax(q k^T * scale), with
-// scores (S, S) f32 as workspace. The forward and core_attn's recompute both call it, so the
-// recomputed P has the forward's bits.
-void head_probs(const Matrix& q, const Matrix& k, float scale, const Tensor& scores, char* p,
-                DType p_type, std::vector<float>& row) {
-    kernels::gemm(q, k, kernels::as_matrix(scores), {.trans_b = true});
-    causal_softmax(scores.data<float>(), scale, q.rows, p, p_type, row);
-}
-
-}  // namespace
 
 AttentionParams make_attention_params(const AttentionShape& s, DType compute_dtype,
                                       const std::string& prefix) {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "epo/model/rope.h"
 #include "epo/tensor/arena.h"
@@ -66,6 +67,12 @@ struct AttentionContext {
     Tensor dout;     // (T, H) compute dtype, saved by dgrad
     Tensor dqkv;     // (T, (A + 2G) d) compute dtype, saved by dgrad
 };
+
+// Row-wise causal softmax of scores (S, S) f32 scaled by `scale` (> 0), written to p (S, S) in
+// `p_type` (zeros above the diagonal); `row` is scratch of at least S floats. Shared by both
+// attention kinds (mla_attention.h).
+void causal_softmax(const float* scores, float scale, int64_t S, void* p, DType p_type,
+                    std::vector<float>& row);
 
 // out_acc (T, H) f32 += attention(x). `saved` holds the context's tensors, `scratch` temporaries.
 void attention_forward(const AttentionShape& shape, const AttentionParams& params,

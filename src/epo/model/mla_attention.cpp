@@ -7,6 +7,7 @@
 #include "epo/kernels/activation.h"
 #include "epo/kernels/gemm.h"
 #include "epo/kernels/rows.h"
+#include "epo/model/attention.h"
 #include "epo/model/rmsnorm.h"
 #include "epo/moe/weight_grad.h"
 
@@ -88,25 +89,6 @@ void mla_rope(const RopeTable& rope, float* x, int64_t tokens, int64_t ld, int64
     }
 }
 
-// Row-wise causal softmax of scores (S, S) f32 scaled by `scale`, written to p (S, S) in the
-// compute dtype (zeros above the diagonal).
-void masked_softmax_rows(const float* scores, float scale, int64_t S, void* p, DType p_type,
-                         std::vector<float>& row) {
-    const size_t es = dtype_size(p_type);
-    for (int64_t i = 0; i < S; ++i) {
-        const float* si = scores + i * S;
-        // max_j (si[j] * scale) = max_j si[j] * scale exactly: scale > 0, rounding is monotonic.
-        const float max_v = kernels::row_max(si, i + 1) * scale;
-        const float sum = kernels::exp_shifted_sum(si, scale, max_v, row.data(), i + 1);
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; ++j)
-            row[j] *= inv;
-        for (int64_t j = i + 1; j < S; ++j)
-            row[j] = 0.0f;
-        kernels::store_row(row.data(), static_cast<char*>(p) + i * S * es, p_type, S);
-    }
-}
-
 float softmax_scale(const Dims& d) {
     return 1.0f / std::sqrt(static_cast<float>(d.Dq));
 }
@@ -158,7 +140,7 @@ void core_forward(const Dims& d, MlaContext& ctx, Arena& saved, Arena& scratch) 
             const Matrix v = head_block(ctx.v, b * d.S * vw + h * d.Dv, d.S, d.Dv, vw);
             kernels::gemm(q, k, kernels::as_matrix(scores), {.trans_b = true});
             char* p = static_cast<char*>(ctx.probs.raw()) + ((b * d.N + h) * d.S * d.S) * es;
-            masked_softmax_rows(scores.data<float>(), scale, d.S, p, cd, row);
+            causal_softmax(scores.data<float>(), scale, d.S, p, cd, row);
             kernels::gemm(Matrix{p, cd, d.S, d.S, d.S}, v,
                           head_block(ctx.ctx, b * d.S * vw + h * d.Dv, d.S, d.Dv, vw));
         }
