@@ -16,6 +16,7 @@
 #include "epo/core/error.h"
 #include "epo/io/files.h"
 #include "epo/plan/calibration.h"
+#include "epo/plan/gpu_probe.h"
 #include "epo/plan/plan.h"
 #include "epo/plan/plan_report.h"
 #include "epo/plan/plan_target.h"
@@ -34,6 +35,7 @@ struct PlanArgs {
     std::string calibration;
     std::string expert_load_imbalance;
     std::string calibrate;
+    std::string probe;
     std::string out;
     int calibrate_threads = 2;
     HarnessFlags harness;
@@ -44,16 +46,48 @@ std::optional<double> given(const PlanArgs& a, const char* flag, double value) {
     return a.cmd->count(flag) > 0 ? std::optional<double>(value) : std::nullopt;
 }
 
+// A GPU's calibration from the measurements epo-gpu-probe wrote on it.
+void run_calibrate_gpu_probe(const PlanArgs& args) {
+    if (args.probe.empty()) {
+        throw Error(ErrorKind::kUsage,
+                    "--calibrate gpu-probe needs --probe FILE (what epo-gpu-probe --out FILE "
+                    "wrote on the GPU)");
+    }
+    io::require_writable_file(args.out, "--out");
+    const plan::GpuProbe probe = plan::read_gpu_probe(args.probe);
+    const plan::Calibration c = plan::calibration_from_gpu_probe(probe, args.probe);
+    plan::write_calibration(args.out, c);
+    const plan::CostParams& p = c.params;
+    std::cout << fmt::format(
+        "[plan] {}: products {:.2f} / dgrad {:.2f} / wgrad {:.2f} of the datasheet peak, half "
+        "at {:.0f} tokens (wgrad {:.0f}), memory {:.2f} / element-wise {:.2f} of the datasheet "
+        "bandwidth, graph replay {:.2f} us\n[plan] wrote {} ({})\n",
+        c.device, p.gemm_efficiency, p.dgrad_efficiency, p.wgrad_efficiency, p.gemm_half_dim,
+        p.wgrad_half_dim, p.memory_efficiency, p.elementwise_efficiency, p.graph_launch_us,
+        args.out, c.how);
+}
+
 void run_calibrate(const PlanArgs& args) {
-    if (args.calibrate != "kernels") {
+    if (args.calibrate != "kernels" && args.calibrate != "gpu-probe") {
         throw Error(ErrorKind::kUsage,
                     fmt::format("--calibrate {}: the planner calibrates from kernel "
-                                "measurements on this machine; use --calibrate kernels",
+                                "measurements on this machine (--calibrate kernels) or from a "
+                                "GPU's (--calibrate gpu-probe --probe FILE)",
                                 args.calibrate));
     }
     if (args.out.empty()) {
         throw Error(ErrorKind::kUsage,
-                    "--calibrate kernels needs --out FILE (the calibration file to write)");
+                    fmt::format("--calibrate {} needs --out FILE (the calibration file to write)",
+                                args.calibrate));
+    }
+    if (args.calibrate == "gpu-probe") {
+        run_calibrate_gpu_probe(args);
+        return;
+    }
+    if (!args.probe.empty()) {
+        throw Error(ErrorKind::kUsage,
+                    "--probe is read by --calibrate gpu-probe only; drop it, or use --calibrate "
+                    "gpu-probe");
     }
     if (args.calibrate_threads < 1 || args.calibrate_threads > 256) {
         throw Error(ErrorKind::kUsage,
@@ -69,10 +103,11 @@ void run_calibrate(const PlanArgs& args) {
         plan::calibrate_kernels({.num_threads = args.calibrate_threads}, std::cout);
     plan::write_calibration(args.out, c);
     std::cout << fmt::format(
-        "[plan] cpu: peak {:.3g} TFLOP/s, dgrad {:.2f}, wgrad {:.2f} of it, half at {:.0f}, "
-        "memory {:.3g} GB/s, element-wise kernels {:.2f} of it\n[plan] wrote {} ({})\n",
+        "[plan] cpu: peak {:.3g} TFLOP/s, dgrad {:.2f}, wgrad {:.2f} of it, half at {:.0f} "
+        "(wgrad {:.0f}), memory {:.3g} GB/s, element-wise kernels {:.2f} of it\n[plan] wrote {} "
+        "({})\n",
         *c.peak_bf16_tflops, c.params.dgrad_efficiency, c.params.wgrad_efficiency,
-        c.params.gemm_half_dim, *c.memory_tbps * 1e3, c.params.elementwise_efficiency, args.out,
+        c.params.gemm_half_dim, c.params.wgrad_half_dim, *c.memory_tbps * 1e3, c.params.elementwise_efficiency, args.out,
         c.how);
 }
 
@@ -177,8 +212,11 @@ void add_plan_command(CLI::App& app) {
                     "MoE layer, or an epo bench run directory (its measured expert_load); "
                     "default 1, balanced");
     cmd->add_option("--calibrate", args->calibrate,
-                    "kernels: measure this machine's products and element-wise kernels, write "
-                    "--out FILE, plan nothing");
+                    "kernels: measure this machine's products and element-wise kernels; "
+                    "gpu-probe: convert what epo-gpu-probe measured on a GPU (--probe FILE); "
+                    "either writes --out FILE and plans nothing");
+    cmd->add_option("--probe", args->probe,
+                    "the file epo-gpu-probe --out wrote on a GPU (for --calibrate gpu-probe)");
     cmd->add_option("--out", args->out, "the calibration file --calibrate writes");
     cmd->add_option("--calibrate_threads", args->calibrate_threads,
                     "threads measuring at once (the ranks per host of the planned job; default "
@@ -190,7 +228,10 @@ void add_plan_command(CLI::App& app) {
         "  epo plan --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 env.gpu=b200 "
         "--inter_node_gbps 800 --json\n"
         "  epo plan --calibrate kernels --out cpu.json && epo plan --calibration cpu.json "
-        "--comm_compute_ratio 2");
+        "--comm_compute_ratio 2\n"
+        "  epo plan --calibrate gpu-probe --probe probe.json --out h200.json && epo plan "
+        "--calibration h200.json --model qwen3-30b-a3b -ep 16 --num_nodes 2 --gpus_per_node 8 "
+        "env.gpu=h200");
     cmd->callback([args] { run_plan(*args); });
 }
 

@@ -58,7 +58,20 @@ epo_cli_test(plan_bad_layout 1 "LY005" "holds 60 transformer layers" RUN
              "model.pipeline_model_parallel_layout=Et|(tt|)*29t|mL")
 epo_cli_test(plan_does_not_fit 0 "DOES NOT FIT" "does not fit: stage 0 needs" RUN
              plan --model qwen3-235b-a22b -ep 8 --num_nodes 1 --gpus_per_node 8 env.gpu=h100)
-epo_cli_test(plan_calibrate_what 2 "use --calibrate kernels" RUN plan --calibrate runs/x)
+epo_cli_test(plan_calibrate_what 2 "--calibrate kernels\\) or from a GPU's \\(--calibrate gpu-probe"
+             RUN plan --calibrate runs/x)
+# A GPU's calibration from the H200 probe shipped in examples/calibration, then a plan with it.
+epo_cli_test(plan_calibrate_gpu_probe 0 "h200: products 0.7[0-9] / dgrad" "wgrad 1[0-9][0-9][0-9]\\)"
+             "wrote ${CMAKE_BINARY_DIR}/h200-cal.json" RUN plan --calibrate gpu-probe --probe
+             ${PROJECT_SOURCE_DIR}/examples/calibration/h200-probe.json --out
+             ${CMAKE_BINARY_DIR}/h200-cal.json)
+epo_cli_test(plan_calibrate_gpu_probe_no_probe 2 "--calibrate gpu-probe needs --probe FILE" RUN
+             plan --calibrate gpu-probe --out ${CMAKE_BINARY_DIR}/h200-cal-x.json)
+epo_cli_test(plan_calibrate_probe_for_kernels 2 "--probe is read by --calibrate gpu-probe only"
+             RUN plan --calibrate kernels --probe x.json --out ${CMAKE_BINARY_DIR}/cal-x.json)
+epo_cli_test(plan_calibrate_gpu_probe_missing 1 "--probe /nonexistent/p.json: cannot open the file"
+             RUN plan --calibrate gpu-probe --probe /nonexistent/p.json --out
+             ${CMAKE_BINARY_DIR}/h200-cal-y.json)
 epo_cli_test(plan_calibrate_no_out 2 "needs --out FILE" RUN plan --calibrate kernels)
 epo_cli_test(plan_missing_calibration 1 "cannot open the file" RUN
              plan ${_epo_qwen_h100} --calibration /nonexistent/cal.json)

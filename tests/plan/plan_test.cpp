@@ -109,9 +109,11 @@ TEST(PlanCost, ProductTimeFollowsTheEfficiencyCurve) {
     p.node_overhead_us = 10;
     const DeviceSpec d = h100().device;
     EXPECT_NEAR(compute_seconds(w, d, p), 2.0 * 128 * 1024 * 4096 / (989e12 * 0.25) + 10e-6, 1e-12);
+    // A weight gradient at its own efficiency and half point: 0.25 * 128 / (128 + 384).
     w.gemms[0].pass = GemmPass::kWgrad;
     p.wgrad_efficiency = 0.25;
-    EXPECT_NEAR(compute_seconds(w, d, p), 2.0 * 128 * 1024 * 4096 / (989e12 * 0.125) + 10e-6,
+    p.wgrad_half_dim = 384;
+    EXPECT_NEAR(compute_seconds(w, d, p), 2.0 * 128 * 1024 * 4096 / (989e12 * 0.0625) + 10e-6,
                 1e-12);
 }
 

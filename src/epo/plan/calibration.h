@@ -9,7 +9,8 @@
 // dY^T X accumulated into f32), over shapes whose smallest dimension x runs from 64 to 1024,
 // and fits the rate curve of cost_model.h per pass,
 //
-//   1 / rate(x) = a + b / x      (least squares)   =>   peak_p = 1 / a,  half_dim = b / a,
+//   1 / rate(x) = a + b / x   (least squares of the relative error)  =>  peak_p = 1 / a,
+//                                                               half_dim = b / a,
 //
 // then a streaming loop (a = b + s c, f32, beyond the caches) for the memory bandwidth and the
 // SwiGLU forward and backward over (rows, 2F) for the element-wise kernels' share of it. The
@@ -46,7 +47,8 @@ Calibration read_calibration(const std::filesystem::path& path);
 // kConfig when the file is for another device than `hardware` (naming both and the fix).
 void apply_calibration(const Calibration& calibration, Hardware& hardware, CostParams& params);
 
-// 1 / rate = a + b / x by least squares over (x, rate) pairs; at least two distinct x.
+// 1 / rate = a + b / x by least squares of the time's relative error over (x, rate) pairs; at
+// least two distinct x.
 struct RateCurve {
     double peak = 0;      // rate as x grows
     double half_dim = 0;  // x at which the rate is half the peak

@@ -119,7 +119,7 @@ CostParams default_params(const DeviceSpec& device) {
         // machine's kind reach ~0.7 TFLOP/s per thread (the device's placeholder peak), and the
         // link model's waiting thread sleeps, so compute does not slow beside it.
         p.gemm_efficiency = p.dgrad_efficiency = p.wgrad_efficiency = 1.0;
-        p.gemm_half_dim = 32;
+        p.gemm_half_dim = p.wgrad_half_dim = 32;
         p.memory_efficiency = p.elementwise_efficiency = 1.0;
         p.link_efficiency = 1.0;
         p.overlap_slowdown = 0;
@@ -129,7 +129,7 @@ CostParams default_params(const DeviceSpec& device) {
     }
     // GPU families: see docs/plan.md "Calibration" for where each comes from.
     p.gemm_efficiency = p.dgrad_efficiency = p.wgrad_efficiency = 0.70;
-    p.gemm_half_dim = 96;
+    p.gemm_half_dim = p.wgrad_half_dim = 96;
     p.memory_efficiency = p.elementwise_efficiency = 0.70;
     p.link_efficiency = 0.80;
     // The SMs the communication kernels hold: NCCL's all-to-all up to 32 channels of one block,
@@ -312,7 +312,8 @@ double compute_seconds(const NodeWork& w, const DeviceSpec& device, const CostPa
         const double e = g.pass == GemmPass::kForward ? p.gemm_efficiency
                          : g.pass == GemmPass::kDgrad ? p.dgrad_efficiency
                                                       : p.wgrad_efficiency;
-        const double eff = e * x / (x + p.gemm_half_dim);
+        const double half = g.pass == GemmPass::kWgrad ? p.wgrad_half_dim : p.gemm_half_dim;
+        const double eff = e * x / (x + half);
         t += 2 * g.m * g.n * g.k * g.count / (peak * eff);
     }
     t += w.elementwise_bytes / (device.memory_tbps * 1e12 * p.elementwise_efficiency);

@@ -6,11 +6,14 @@
 //              + kernel bytes / (memory bandwidth * elementwise_efficiency)
 //              + streaming bytes / (memory bandwidth * memory_efficiency)
 //              + node_overhead_us
-//            eff_p(x) = e_p * x / (x + gemm_half_dim)   (small products run slower), e_p the
+//            eff_p(x) = e_p * x / (x + h_p)   (small products run slower), e_p the
 //            pass's efficiency: gemm_efficiency for forward products, dgrad_efficiency for input
 //            gradients (and core attention's backward), wgrad_efficiency for weight gradients
 //            (their layouts differ: on a CPU the weight gradient's transposed, f32-accumulating
-//            product is the slowest)
+//            product is the slowest); h_p gemm_half_dim, or wgrad_half_dim for weight
+//            gradients, whose small dimension is their reduction (the tokens): each f32 gradient
+//            element is read and written once per call however few tokens add to it, so on a GPU
+//            they need ~10x as many tokens for half their peak (epo-gpu-probe on an H200)
 //   comm     t = the link model's (comm/link_model.h) time of the call's intra- and inter-node
 //              bytes at link_efficiency x the nominal bandwidths, + one latency per collective
 //   overlap  a call that runs while the other stream is busy takes
@@ -102,6 +105,7 @@ struct CostParams {
     double dgrad_efficiency = 0.7;   // ... an input-gradient product
     double wgrad_efficiency = 0.7;   // ... a weight-gradient product
     double gemm_half_dim = 64;       // smallest product dimension at which it reaches half that
+    double wgrad_half_dim = 64;      // ... for a weight-gradient product (its token count)
     double memory_efficiency = 0.7;  // share of memory bandwidth streaming loops reach (Adam)
     // ... element-wise kernels reach (norms, softmax, activation, permutations: on a CPU their
     // exp() and gathers keep them well below a streaming loop)

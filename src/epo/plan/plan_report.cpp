@@ -19,7 +19,8 @@ std::string format_plan(const PlanResult& r) {
         "[plan] device {}: {:g} TFLOP/s bf16, {:g} TB/s, {:g} GB ({})\n"
         "[plan] network: {:g} Gbit/s inside a node, {:g} Gbit/s between nodes per GPU, latency "
         "{:g} us ({})\n"
-        "[plan] efficiencies ({}): products {:.2f} / dgrad {:.2f} / wgrad {:.2f}, half at {:.0f}, "
+        "[plan] efficiencies ({}): products {:.2f} / dgrad {:.2f} / wgrad {:.2f}, half at {:.0f} "
+        "(wgrad {:.0f}), "
         "memory {:.2f} / element-wise {:.2f}, links {:.2f}, slowdown while overlapped {:.2f} (flex "
         "{:.2f}), {:g} us per "
         "node\n"
@@ -29,9 +30,9 @@ std::string format_plan(const PlanResult& r) {
         hw.device.memory_tbps, hw.device.memory_gb, hw.device.source, hw.network.intra_node_gbps,
         hw.network.inter_node_gbps, hw.network.latency_us, hw.network.source, r.params.source,
         r.params.gemm_efficiency, r.params.dgrad_efficiency, r.params.wgrad_efficiency,
-        r.params.gemm_half_dim, r.params.memory_efficiency, r.params.elementwise_efficiency,
-        r.params.link_efficiency, r.params.overlap_slowdown, r.params.flex_overlap_slowdown,
-        r.params.node_overhead_us, r.expert_load.source);
+        r.params.gemm_half_dim, r.params.wgrad_half_dim, r.params.memory_efficiency,
+        r.params.elementwise_efficiency, r.params.link_efficiency, r.params.overlap_slowdown,
+        r.params.flex_overlap_slowdown, r.params.node_overhead_us, r.expert_load.source);
     out += fmt::format("{:26s} {:>10s} {:>10s} {:>8s} {:>9s} {:>9s} {:>9s} {:>8s} {:>9s} {:>9s}\n",
                        "schedule", "step s", "tokens/s", "TFLOP/s", "compute", "comm", "exposed",
                        "speedup", "peak mem", "overlap");
@@ -127,6 +128,7 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                         {"dgrad_efficiency", p.dgrad_efficiency},
                         {"wgrad_efficiency", p.wgrad_efficiency},
                         {"gemm_half_dim", p.gemm_half_dim},
+                        {"wgrad_half_dim", p.wgrad_half_dim},
                         {"memory_efficiency", p.memory_efficiency},
                         {"elementwise_efficiency", p.elementwise_efficiency},
                         {"link_efficiency", p.link_efficiency},
