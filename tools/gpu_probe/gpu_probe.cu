@@ -78,9 +78,8 @@ __global__ void swiglu_forward(const __nv_bfloat16* h, const float* probs, __nv_
     }
 }
 
-__global__ void swiglu_backward(const __nv_bfloat16* h, const float* probs,
-                                const __nv_bfloat16* da, __nv_bfloat16* dh, int64_t rows,
-                                int64_t F) {
+__global__ void swiglu_backward(const __nv_bfloat16* h, const float* probs, const __nv_bfloat16* da,
+                                __nv_bfloat16* dh, int64_t rows, int64_t F) {
     const size_t n = static_cast<size_t>(rows * F);
     for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
          i += size_t{gridDim.x} * blockDim.x) {
@@ -223,8 +222,8 @@ int main(int argc, char** argv) {
     // column-major (c, r) one.
     auto forward = [&](const Shape& s) {  // Y(m,n) = X(m,k) W(n,k)^T  <=>  Y^T = W X^T
         check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &one, w,
-                                  CUDA_R_16BF, s.k, x, CUDA_R_16BF, s.k, &zero, y, CUDA_R_16BF,
-                                  s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                  CUDA_R_16BF, s.k, x, CUDA_R_16BF, s.k, &zero, y, CUDA_R_16BF, s.n,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "forward product");
     };
     auto dgrad = [&](const Shape& s) {  // dX(m,k) = dY(m,n) W(n,k)  <=>  dX^T = W^T dY^T
@@ -235,8 +234,8 @@ int main(int argc, char** argv) {
     };
     auto wgrad = [&](const Shape& s) {  // dW(n,k) += dY(m,n)^T X(m,k)  <=>  dW^T += X^T dY
         check_cublas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, s.k, s.n, s.m, &one, x,
-                                  CUDA_R_16BF, s.k, dy, CUDA_R_16BF, s.n, &one, dw, CUDA_R_32F,
-                                  s.k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                  CUDA_R_16BF, s.k, dy, CUDA_R_16BF, s.n, &one, dw, CUDA_R_32F, s.k,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "weight-gradient product");
     };
 
@@ -253,9 +252,11 @@ int main(int argc, char** argv) {
 
     // SwiGLU over (rows, 2F): rows 65536, F 2048 (an expert's width in DeepSeek-V3).
     const int64_t rows = 65536, F = 2048;
-    __nv_bfloat16* h = device_alloc<__nv_bfloat16>(static_cast<size_t>(rows * 2 * F), "cudaMalloc h");
+    __nv_bfloat16* h =
+        device_alloc<__nv_bfloat16>(static_cast<size_t>(rows * 2 * F), "cudaMalloc h");
     __nv_bfloat16* act = device_alloc<__nv_bfloat16>(static_cast<size_t>(rows * F), "cudaMalloc a");
-    __nv_bfloat16* dh = device_alloc<__nv_bfloat16>(static_cast<size_t>(rows * 2 * F), "cudaMalloc dh");
+    __nv_bfloat16* dh =
+        device_alloc<__nv_bfloat16>(static_cast<size_t>(rows * 2 * F), "cudaMalloc dh");
     float* probs = device_alloc<float>(static_cast<size_t>(rows), "cudaMalloc probs");
     fill(h, static_cast<size_t>(rows * 2 * F), 4);
     check_cuda(cudaMemset(probs, 0, rows * sizeof(float)), "cudaMemset");

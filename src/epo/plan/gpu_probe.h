@@ -34,7 +34,7 @@ struct GpuProbe {
     struct Product {
         double m = 0, n = 0, k = 0;
     };
-    std::vector<Product> shapes;  // m the token dimension
+    std::vector<Product> shapes;                                     // m the token dimension
     std::vector<double> forward_tflops, dgrad_tflops, wgrad_tflops;  // per shape
     double stream_tbps = 0, elementwise_tbps = 0;
     double kernel_launch_us = 0, graph_launch_us = 0;
