@@ -107,8 +107,8 @@ void run_calibrate(const PlanArgs& args) {
         "(wgrad {:.0f}), memory {:.3g} GB/s, element-wise kernels {:.2f} of it\n[plan] wrote {} "
         "({})\n",
         *c.peak_bf16_tflops, c.params.dgrad_efficiency, c.params.wgrad_efficiency,
-        c.params.gemm_half_dim, c.params.wgrad_half_dim, *c.memory_tbps * 1e3, c.params.elementwise_efficiency, args.out,
-        c.how);
+        c.params.gemm_half_dim, c.params.wgrad_half_dim, *c.memory_tbps * 1e3,
+        c.params.elementwise_efficiency, args.out, c.how);
 }
 
 void run_plan(const PlanArgs& args) {

@@ -140,8 +140,8 @@ Calibration calibration_from_gpu_probe(const GpuProbe& probe, const std::string&
         "cuBLAS products peak {:.0f} / {:.0f} / {:.0f} TFLOP/s (forward / dgrad / wgrad), half "
         "at {:.0f} / {:.0f} / {:.0f} tokens; streaming {:.2f} TB/s, SwiGLU {:.2f} TB/s; raw "
         "kernel launch {:.2f} us, graph replay {:.2f} us",
-        source, probe.device_name, probe.num_sms, probe.compute_capability, fwd.peak,
-        dgrad.peak, wgrad.peak, fwd.half_dim, dgrad.half_dim, wgrad.half_dim, probe.stream_tbps,
+        source, probe.device_name, probe.num_sms, probe.compute_capability, fwd.peak, dgrad.peak,
+        wgrad.peak, fwd.half_dim, dgrad.half_dim, wgrad.half_dim, probe.stream_tbps,
         probe.elementwise_tbps, probe.kernel_launch_us, probe.graph_launch_us);
     return c;
 }
