@@ -221,6 +221,48 @@ TEST(LauncherWatch, EndsALauncherThatOutlivesTheGrace) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// A "rank" (a forked child) starts a guardian over `launcher`, then either finishes (releases it)
+// or ends abruptly (_exit without release, as Open MPI's own abort path or a signal would).
+pid_t spawn_guarded_rank(pid_t launcher, bool finish) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (start_rank_guardian(launcher, std::chrono::milliseconds(500), "epo: test guardian") < 0)
+            _exit(3);
+        if (finish)
+            release_rank_guardian();
+        _exit(0);
+    }
+    return pid;
+}
+
+TEST(RankGuardian, EndsTheLauncherOfARankThatEndedWithoutFinishing) {
+    const pid_t launcher = spawn_sleeper("60");
+    ASSERT_GT(launcher, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t rank = spawn_guarded_rank(launcher, false);
+    int status = 0;
+    ASSERT_EQ(waitpid(rank, &status, 0), rank);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "no guardian started";
+    ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+    EXPECT_GE(took, 0.4);
+    EXPECT_LT(took, 5.0);
+}
+
+TEST(RankGuardian, LeavesTheLauncherOfARankThatFinished) {
+    const pid_t launcher = spawn_sleeper("2");
+    ASSERT_GT(launcher, 0);
+    const pid_t rank = spawn_guarded_rank(launcher, true);
+    int status = 0;
+    ASSERT_EQ(waitpid(rank, &status, 0), rank);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "no guardian started";
+    // Past the grace, the launcher still runs and ends by itself.
+    ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the launcher was signalled";
+}
+
 TEST(LauncherWatch, LeavesAtOnceWhenTheLauncherEndsByItself) {
     const pid_t launcher = spawn_sleeper("0.3");
     ASSERT_GT(launcher, 0);

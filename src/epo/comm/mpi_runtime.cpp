@@ -90,6 +90,9 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
     check_thread_level(provided);
+    // A rank that ends without finishing (rank_runner.h) must not leave its launcher behind.
+    if (owns_init_ && world_size_ > 1)
+        guard_rank_under_launcher(world_rank_, world_size_);
 }
 
 MpiRuntime::~MpiRuntime() {
@@ -97,6 +100,9 @@ MpiRuntime::~MpiRuntime() {
     MPI_Finalized(&finalized);
     if (owns_init_ && !finalized)
         MPI_Finalize();
+    // Past MPI_Finalize: the run finished; the guardian leaves.
+    if (owns_init_)
+        release_rank_guardian();
 }
 
 namespace {

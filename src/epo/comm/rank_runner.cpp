@@ -149,22 +149,14 @@ bool is_mpi_launcher_name(std::string_view comm) {
     return false;
 }
 
-int start_launcher_watch(int launcher, std::chrono::milliseconds grace,
-                         const std::string& message) {
-    const unsigned long long started = process_start_time(launcher);
-    if (launcher <= 1 || started == 0)
-        return -1;
-    // Everything the child needs, prepared here: after fork() it may only make system calls.
-    const std::string stderr_path = fmt::format("/proc/{}/fd/2", launcher);
-    const std::string line = message + "\n";
-    const pid_t pid = ::fork();
-    if (pid != 0)
-        return pid < 0 ? -1 : static_cast<int>(pid);
-    // The watcher: its own session (the job's signals to the rank's group miss it), none of the
-    // rank's files (the launcher's output pipes must close when the ranks end).
-    ::setsid();
-    for (int fd = 0; fd < 1024; ++fd)
-        ::close(fd);
+namespace {
+
+// The watch itself, in a forked child that has left the rank's session and files: waits up to
+// `grace` for the launcher (pinned by its start time) to end, then says why on its stderr and
+// ends it with SIGKILL. Only system calls; never returns.
+[[noreturn]] void watch_launcher(int launcher, unsigned long long started,
+                                 std::chrono::milliseconds grace, const std::string& stderr_path,
+                                 const std::string& line) {
     const auto alive = [&] { return process_start_time(launcher) == started; };
     for (long waited = 0; waited < grace.count(); waited += 100) {
         if (!alive())
@@ -191,6 +183,83 @@ int start_launcher_watch(int launcher, std::chrono::milliseconds grace,
     }
     ::kill(launcher, SIGKILL);
     ::_exit(0);
+}
+
+// The guardian's write end (rank side), -1 when none was started.
+std::atomic<int> guardian_fd{-1};
+
+}  // namespace
+
+int start_launcher_watch(int launcher, std::chrono::milliseconds grace,
+                         const std::string& message) {
+    const unsigned long long started = process_start_time(launcher);
+    if (launcher <= 1 || started == 0)
+        return -1;
+    // Everything the child needs, prepared here: after fork() it may only make system calls.
+    const std::string stderr_path = fmt::format("/proc/{}/fd/2", launcher);
+    const std::string line = message + "\n";
+    const pid_t pid = ::fork();
+    if (pid != 0)
+        return pid < 0 ? -1 : static_cast<int>(pid);
+    // The watcher: its own session (the job's signals to the rank's group miss it), none of the
+    // rank's files (the launcher's output pipes must close when the ranks end).
+    ::setsid();
+    for (int fd = 0; fd < 1024; ++fd)
+        ::close(fd);
+    watch_launcher(launcher, started, grace, stderr_path, line);
+}
+
+int start_rank_guardian(int launcher, std::chrono::milliseconds grace,
+                        const std::string& message) {
+    const unsigned long long started = process_start_time(launcher);
+    if (launcher <= 1 || started == 0 || guardian_fd.load() >= 0)
+        return -1;
+    int ends[2];
+    // Close-on-exec: a program the rank runs must not keep the rank "alive" for the guardian.
+    if (::pipe2(ends, O_CLOEXEC) != 0)
+        return -1;
+    const std::string stderr_path = fmt::format("/proc/{}/fd/2", launcher);
+    const std::string line = message + "\n";
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(ends[0]);
+        ::close(ends[1]);
+        return -1;
+    }
+    if (pid != 0) {
+        ::close(ends[0]);
+        guardian_fd.store(ends[1]);
+        return static_cast<int>(pid);
+    }
+    // The guardian: its own session, no file of the rank's but the pipe's read end.
+    ::setsid();
+    for (int fd = 0; fd < 1024; ++fd) {
+        if (fd != ends[0])
+            ::close(fd);
+    }
+    char c = 0;
+    ssize_t got;
+    do {
+        got = ::read(ends[0], &c, 1);
+    } while (got < 0 && errno == EINTR);
+    if (got == 1 && c == 'F')
+        ::_exit(0);  // the rank finished its run: nothing to watch
+    // End of file: the rank is gone without finishing (any way: an abort, a signal, MPI's own
+    // abort path); its launcher must not outlive it for good.
+    watch_launcher(launcher, started, grace, stderr_path, line);
+}
+
+void release_rank_guardian() {
+    const int fd = guardian_fd.exchange(-1);
+    if (fd < 0)
+        return;
+    const char finished = 'F';
+    (void)!::write(fd, &finished, 1);
+    ::close(fd);
+}
+
+bool rank_guardian_started() {
+    return guardian_fd.load() >= 0;
 }
 
 bool claim_job_failure_marker(const std::string& path, int rank, const std::string& message) {
@@ -247,7 +316,7 @@ void abort_job(const std::string& message, int exit_status) {
                     comm[std::strcspn(comm, "\n")] = '\0';
                 std::fclose(f);
             }
-            if (is_mpi_launcher_name(comm)) {
+            if (is_mpi_launcher_name(comm) && !rank_guardian_started()) {
                 start_launcher_watch(
                     ::getppid(), kLauncherWatchGrace,
                     fmt::format("epo: {} (pid {}) was still running {} s after rank {} of {} "
@@ -286,6 +355,24 @@ void watched_world_call(const std::string& what, double timeout_s,
                     what, timeout_s),
         Clock::now() + std::chrono::duration_cast<Clock::duration>(limit));
     call();
+}
+
+void guard_rank_under_launcher(int rank, int size) {
+    char comm[64] = "";
+    if (FILE* f = std::fopen(fmt::format("/proc/{}/comm", ::getppid()).c_str(), "r")) {
+        if (std::fgets(comm, sizeof comm, f))
+            comm[std::strcspn(comm, "\n")] = '\0';
+        std::fclose(f);
+    }
+    if (!is_mpi_launcher_name(comm))
+        return;
+    start_rank_guardian(
+        ::getppid(), kLauncherWatchGrace,
+        fmt::format("epo: {} (pid {}) was still running {} s after rank {} of {} ended without "
+                    "finishing its run (Open MPI waits for good on the daemon of a host that "
+                    "stopped answering); the rank's guardian ended it (SIGKILL): the job failed, "
+                    "see the first rank's message above",
+                    comm, ::getppid(), kLauncherWatchGrace.count(), rank, size));
 }
 
 int run_rank(const std::function<void()>& body) {

@@ -66,6 +66,24 @@ bool is_mpi_launcher_name(std::string_view comm);
 // child; the parent returns at once.
 int start_launcher_watch(int launcher, std::chrono::milliseconds grace, const std::string& message);
 
+// A rank can also end without abort_job(): Open MPI's own abort path (a transport error ends
+// the process inside the library), a signal, the kernel's OOM killer. Then nothing watches its
+// launcher, and a daemon on a host whose link was cut stays for good. So every rank of a
+// multi-rank job whose parent is an MPI launcher or daemon starts, right after MPI is up, a
+// guardian: a detached process (its own session, none of the rank's files) holding the read end
+// of a pipe whose write end only the rank holds. When the rank finishes its run it writes so
+// (release_rank_guardian) and the guardian leaves; when the pipe reaches its end without that
+// (the rank is gone, whatever ended it), the guardian watches the launcher as above: gone within
+// `grace`, nothing happens; otherwise `message` on its stderr and SIGKILL. With a guardian,
+// abort_job() starts no watcher of its own. Returns the guardian's pid, or -1 (not started, or
+// one is already running).
+int start_rank_guardian(int launcher, std::chrono::milliseconds grace, const std::string& message);
+// Tells the guardian the run finished (it leaves without watching). Idempotent.
+void release_rank_guardian();
+bool rank_guardian_started();
+// The guardian over this rank's parent, when the parent is an MPI launcher or daemon.
+void guard_rank_under_launcher(int rank, int size);
+
 // Prints "epo: rank R of N failed: <message>" and ends the whole job (MPI_Abort with
 // `exit_status`; without MPI, the process exits with it). The first caller wins: a second
 // failure on another thread while the job is going down is printed but changes nothing.
