@@ -209,8 +209,7 @@ int start_launcher_watch(int launcher, std::chrono::milliseconds grace,
     watch_launcher(launcher, started, grace, stderr_path, line);
 }
 
-int start_rank_guardian(int launcher, std::chrono::milliseconds grace,
-                        const std::string& message) {
+int start_rank_guardian(int launcher, std::chrono::milliseconds grace, const std::string& message) {
     const unsigned long long started = process_start_time(launcher);
     if (launcher <= 1 || started == 0 || guardian_fd.load() >= 0)
         return -1;
