@@ -105,8 +105,15 @@ TEST(EpRules, EP006NeedsVirtualPipelineWithPipelineParallelism) {
 }
 
 TEST(EpRules, EP007To010Recompute) {
-    EXPECT_TRUE(fires(
-        "EP007", [](Config& c) { c.model.recompute_granularity = RecomputeGranularity::kFull; }));
+    // Full recompute runs with EP overlap (Megatron-LM's dev branch, epo); EP007 warns that
+    // Megatron-Bridge refuses it, and its method and layer count are allowed.
+    const ValidationReport full = check([](Config& c) {
+        c.model.recompute_granularity = RecomputeGranularity::kFull;
+        c.model.recompute_method = RecomputeMethod::kUniform;
+        c.model.recompute_num_layers = 1;
+    });
+    EXPECT_TRUE(full.ok()) << ::testing::PrintToString(ids(full.errors));
+    EXPECT_TRUE(has(full.warnings, "EP007")) << ::testing::PrintToString(ids(full.warnings));
     EXPECT_FALSE(fires("EP007", [](Config& c) {
         c.model.recompute_granularity = RecomputeGranularity::kSelective;
     }));

@@ -210,7 +210,30 @@ ActivationBytes activation_bytes(const Config& cfg) {
     a.dense_layer = dense.fwd + dense.bwd;
     a.output = w.T * (4 * w.H + w.c * w.H + 4 * w.H + w.c * w.V) + 4 * w.T;
     a.handoff = 8 * w.T * w.H;
+    a.layer_input = 4 * w.T * w.H;
     return a;
+}
+
+int64_t layers_activation_bytes(const ActivationBytes& a, const std::vector<bool>& moe_layers,
+                                const std::vector<int>& recompute_first, int64_t first,
+                                int64_t end) {
+    int64_t kept = 0, group = 0, largest_group = 0;
+    for (int64_t l = first; l < end; ++l) {
+        const auto at = static_cast<size_t>(l);
+        const int64_t layer = moe_layers[at] ? a.moe_layer : a.dense_layer;
+        const int64_t g = recompute_first.empty() ? -1 : recompute_first[at];
+        if (g < 0) {
+            kept += layer;
+            continue;
+        }
+        if (g == l) {  // a group starts: it keeps its input
+            kept += a.layer_input;
+            group = -a.layer_input;
+        }
+        group += layer;
+        largest_group = std::max(largest_group, group);
+    }
+    return kept + largest_group;
 }
 
 int64_t scratch_bytes(const Config& cfg) {
@@ -255,9 +278,12 @@ MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size) {
     m.packed = p.expert * 2 * w.c;
 
     const ActivationBytes a = activation_bytes(cfg);
-    int64_t per_micro_batch = a.output + a.handoff;
-    for (bool moe : moe_layer_pattern(cfg.model))
-        per_micro_batch += moe ? a.moe_layer : a.dense_layer;
+    const std::vector<bool> moe_layers = moe_layer_pattern(cfg.model);
+    const auto L = static_cast<int>(moe_layers.size());
+    // One model chunk of every layer (PP = 1: this estimate's case).
+    const int64_t per_micro_batch =
+        a.output + a.handoff +
+        layers_activation_bytes(a, moe_layers, full_recompute_groups(cfg.model, 0, L), 0, L);
     m.micro_batches_in_flight = micro_batches_in_flight(cfg);
     m.activations = m.micro_batches_in_flight * per_micro_batch;
     m.scratch = scratch_bytes(cfg);
