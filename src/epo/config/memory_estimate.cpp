@@ -217,23 +217,32 @@ ActivationBytes activation_bytes(const Config& cfg) {
 int64_t layers_activation_bytes(const ActivationBytes& a, const std::vector<bool>& moe_layers,
                                 const std::vector<int>& recompute_first, int64_t first,
                                 int64_t end) {
-    int64_t kept = 0, group = 0, largest_group = 0;
+    const auto group_of = [&](int64_t l) {
+        return recompute_first.empty() ? -1 : recompute_first[static_cast<size_t>(l)];
+    };
+    const auto layer = [&](int64_t l) {
+        return moe_layers[static_cast<size_t>(l)] ? a.moe_layer : a.dense_layer;
+    };
+    // below: what the layers under the current one hold once the backward has reached it (kept
+    // layers whole, recomputed groups their input).
+    int64_t below = 0, peak = 0;
     for (int64_t l = first; l < end; ++l) {
-        const auto at = static_cast<size_t>(l);
-        const int64_t layer = moe_layers[at] ? a.moe_layer : a.dense_layer;
-        const int64_t g = recompute_first.empty() ? -1 : recompute_first[at];
+        const int64_t g = group_of(l);
         if (g < 0) {
-            kept += layer;
+            below += layer(l);
             continue;
         }
-        if (g == l) {  // a group starts: it keeps its input
-            kept += a.layer_input;
-            group = -a.layer_input;
-        }
-        group += layer;
-        largest_group = std::max(largest_group, group);
+        if (g != l)
+            continue;
+        int64_t group = 0;
+        for (int64_t k = l; k < end && group_of(k) == g; ++k)
+            group += layer(k);
+        // While the group runs its recompute and backward, the layers above it are done.
+        peak = std::max(peak, below + group);
+        below += a.layer_input;
     }
-    return kept + largest_group;
+    // Before the backward (the output position's turn): every kept layer and group input.
+    return std::max(peak, below);
 }
 
 int64_t scratch_bytes(const Config& cfg) {

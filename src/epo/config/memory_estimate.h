@@ -89,10 +89,11 @@ struct ActivationBytes {
 };
 ActivationBytes activation_bytes(const Config& cfg);
 // One micro-batch's activations through layers [first, end) (`moe_layers` and `recompute_first`
-// as model::GptShape's, the latter empty without full recompute). Full recompute: a recomputed
-// group keeps only its input from its forward until its backward, and one group at a time holds
-// its layers' activations again while it is recomputed and runs its backward:
-//   sum over kept layers (fwd + bwd) + groups * 4TH + max over groups (sum (fwd + bwd) - 4TH)
+// as model::GptShape's, the latter empty without full recompute): the sum of the layers' fwd +
+// bwd. Full recompute: a recomputed group keeps only its input (4TH) from its forward to its
+// backward, and holds its layers' activations again while it is recomputed and runs its backward,
+// when the layers above it are done. The peak over the backward:
+//   max(kept + 4TH groups,  max over groups g (kept below g + 4TH groups below g + g's layers))
 int64_t layers_activation_bytes(const ActivationBytes& a, const std::vector<bool>& moe_layers,
                                 const std::vector<int>& recompute_first, int64_t first,
                                 int64_t end);
