@@ -501,8 +501,9 @@ TEST(PlanCost, MultiLatentAttentionComputesItsProjections) {
     EXPECT_EQ(w.gemms[6].k, 192);  // scores (S, S, dn + dr), after the router (T, E, H)
 }
 
-// Full recompute: the backward runs the layer's forward products again first; selective
-// core_attn only the score and context products; none as the baseline.
+// Full recompute: the schedule's recompute call runs the layer's forward products again (the
+// backward call adds nothing); selective core_attn: the backward runs only the score and context
+// products again first; none as the baseline.
 TEST(PlanCost, RecomputeAddsTheForwardItRunsAgain) {
     const auto flops = [](const NodeWork& w) {
         double f = 0;
@@ -516,8 +517,10 @@ TEST(PlanCost, RecomputeAddsTheForwardItRunsAgain) {
     const PlanModel full = plan_model_of(
         finalized({"model.recompute_granularity=full", "model.recompute_method=uniform",
                    "model.recompute_num_layers=1"}));
-    EXPECT_NEAR(flops(node_work(full, bwd)) - flops(node_work(none, bwd)),
-                flops(node_work(none, fwd)), 1e-6 * flops(node_work(none, fwd)));
+    const NodeCall again{0, 0, schedule::NodeKind::kPreDispatch, schedule::Phase::kRecompute};
+    EXPECT_EQ(flops(node_work(full, bwd)), flops(node_work(none, bwd)));
+    EXPECT_NEAR(flops(node_work(full, again)), flops(node_work(none, fwd)),
+                1e-6 * flops(node_work(none, fwd)));
     const PlanModel sel = plan_model_of(finalized({"model.recompute_granularity=selective"}));
     const NodeWork f = node_work(none, fwd);
     // Scores and context: the products after qkv, proj and the router.

@@ -346,6 +346,56 @@ TEST(PipelineSchedule, ChunksPairsAndBucketsRunWithPipelinesWithoutDeadlock) {
 
 // Paired edges in a pipeline: the warm-up's forwards of one model chunk run two by two and the
 // last two backwards together, with one more warm-up unit than unpaired.
+// Full recompute with pipelines: groups of 2 layers per model chunk; every stage runs the
+// single-stage baseline's calls of its positions, recompute calls included, and nothing
+// deadlocks. A group that crosses model chunks is refused.
+TEST(PipelineSchedule, FullRecomputeGroupsRunPerModelChunkWithoutDeadlock) {
+    for (int V : {1, 2}) {
+        for (int mode = 0; mode < 3; ++mode) {
+            const int P = 2, M = 4, L = 8;
+            PipelineShape s = shape_of(P, V, M, L, mode > 0, mode == 2);
+            const int per_chunk = L / (P * V);
+            for (int l = 0; l < L; ++l)
+                s.recompute_first.push_back(l / 2 * 2);  // chunks hold 2 or 4 layers
+            const std::string label = "VPP " + std::to_string(V) + " mode " + std::to_string(mode);
+            const auto lists = pipeline_schedules(s);
+            std::string why;
+            EXPECT_TRUE(replays_without_deadlock(lists, why)) << label << ": " << why;
+            using Key = std::tuple<int, int, int, int>;
+            std::map<int, std::multiset<Key>> expected;
+            ScheduleShape one{M, s.moe_layers};
+            one.recompute_first = s.recompute_first;
+            for (const NodeCall& c : baseline_schedule(one)) {
+                const int position =
+                    c.layer >= 0 ? c.layer : (c.node == NodeKind::kEmbedding ? -1 : L);
+                expected[stage_of_position(s, position)].insert(
+                    {c.micro_batch, c.layer, static_cast<int>(c.node), static_cast<int>(c.phase)});
+            }
+            size_t recomputes = 0;
+            for (int st = 0; st < P; ++st) {
+                std::multiset<Key> got;
+                for (const NodeCall& c : lists[static_cast<size_t>(st)]) {
+                    if (is_pipeline_transfer(c.node) || c.phase == Phase::kBackwardDw)
+                        continue;
+                    recomputes += c.phase == Phase::kRecompute;
+                    got.insert({c.micro_batch, c.layer, static_cast<int>(c.node),
+                                static_cast<int>(c.phase)});
+                }
+                EXPECT_EQ(got, expected[st]) << label << " stage " << st;
+            }
+            // Every layer's forward nodes once more per micro-batch: 7 MoE layers of 4 nodes and
+            // a dense one of 2.
+            EXPECT_EQ(recomputes, static_cast<size_t>(M * (7 * 4 + 2))) << label;
+            if (per_chunk == 2) {
+                PipelineShape across = s;
+                across.recompute_first[2] = 1;  // layer 2 starts chunk 1 (stage 1)
+                across.recompute_first[1] = 1;
+                EXPECT_THROW(pipeline_schedules(across), std::invalid_argument);
+            }
+        }
+    }
+}
+
 TEST(PipelineSchedule, PairedEdgesPairTheWarmupAndTheCooldown) {
     PipelineShape s = shape_of(2, 1, 4, 4, true);
     s.pair_edges = true;

@@ -71,6 +71,23 @@ bool recomputes_module(const ModelConfig& m, RecomputeModule module) {
            m.recompute_modules->end();
 }
 
+std::vector<int> full_recompute_groups(const ModelConfig& m, int first, int end) {
+    std::vector<int> groups(static_cast<size_t>(std::max(0, end - first)), -1);
+    if (m.recompute_granularity != RecomputeGranularity::kFull || !m.recompute_method ||
+        m.recompute_num_layers.value_or(0) < 1)
+        return groups;
+    const int n = *m.recompute_num_layers;
+    for (int l = first; l < end; ++l) {
+        const int i = l - first;
+        int& g = groups[static_cast<size_t>(i)];
+        if (*m.recompute_method == RecomputeMethod::kUniform)
+            g = first + i / n * n;
+        else if (i < n)
+            g = l;
+    }
+    return groups;
+}
+
 std::vector<bool> moe_layer_pattern(const ModelConfig& m) {
     const int num_layers = std::clamp(m.num_layers, 0, kMaxNumLayers);
     std::vector<bool> pattern(num_layers, false);

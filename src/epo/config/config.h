@@ -71,6 +71,13 @@ std::vector<bool> moe_layer_pattern(const ModelConfig& m);
 // Whether selective recompute recomputes `module`: recompute_granularity selective and the
 // module in recompute_modules (null means [core_attn], Megatron-Core's default).
 bool recomputes_module(const ModelConfig& m, RecomputeModule module);
+// Full recompute (recompute_granularity full): for each layer of [first, end), the layers of one
+// model chunk, the first layer of the group it is recomputed with, or -1 when it keeps its
+// activations (also for every layer without full recompute). Megatron-Core's methods, per model
+// chunk: uniform cuts the chunk into groups of recompute_num_layers from its first layer (the
+// last group shorter); block recomputes the chunk's first recompute_num_layers layers, each on
+// its own, and no other.
+std::vector<int> full_recompute_groups(const ModelConfig& m, int first, int end);
 
 // Products below saturate at the int64 limits instead of overflowing (sizes are unchecked input).
 std::int64_t model_parallel_size(const ModelConfig& m);  // TP * PP * CP

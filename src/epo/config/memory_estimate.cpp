@@ -210,7 +210,39 @@ ActivationBytes activation_bytes(const Config& cfg) {
     a.dense_layer = dense.fwd + dense.bwd;
     a.output = w.T * (4 * w.H + w.c * w.H + 4 * w.H + w.c * w.V) + 4 * w.T;
     a.handoff = 8 * w.T * w.H;
+    a.layer_input = 4 * w.T * w.H;
     return a;
+}
+
+int64_t layers_activation_bytes(const ActivationBytes& a, const std::vector<bool>& moe_layers,
+                                const std::vector<int>& recompute_first, int64_t first,
+                                int64_t end) {
+    const auto group_of = [&](int64_t l) {
+        return recompute_first.empty() ? -1 : recompute_first[static_cast<size_t>(l)];
+    };
+    const auto layer = [&](int64_t l) {
+        return moe_layers[static_cast<size_t>(l)] ? a.moe_layer : a.dense_layer;
+    };
+    // below: what the layers under the current one hold once the backward has reached it (kept
+    // layers whole, recomputed groups their input).
+    int64_t below = 0, peak = 0;
+    for (int64_t l = first; l < end; ++l) {
+        const int64_t g = group_of(l);
+        if (g < 0) {
+            below += layer(l);
+            continue;
+        }
+        if (g != l)
+            continue;
+        int64_t group = 0;
+        for (int64_t k = l; k < end && group_of(k) == g; ++k)
+            group += layer(k);
+        // While the group runs its recompute and backward, the layers above it are done.
+        peak = std::max(peak, below + group);
+        below += a.layer_input;
+    }
+    // Before the backward (the output position's turn): every kept layer and group input.
+    return std::max(peak, below);
 }
 
 int64_t scratch_bytes(const Config& cfg) {
@@ -255,9 +287,12 @@ MemoryEstimate estimate_rank_memory(const Config& cfg, int64_t world_size) {
     m.packed = p.expert * 2 * w.c;
 
     const ActivationBytes a = activation_bytes(cfg);
-    int64_t per_micro_batch = a.output + a.handoff;
-    for (bool moe : moe_layer_pattern(cfg.model))
-        per_micro_batch += moe ? a.moe_layer : a.dense_layer;
+    const std::vector<bool> moe_layers = moe_layer_pattern(cfg.model);
+    const auto L = static_cast<int>(moe_layers.size());
+    // One model chunk of every layer (PP = 1: this estimate's case).
+    const int64_t per_micro_batch =
+        a.output + a.handoff +
+        layers_activation_bytes(a, moe_layers, full_recompute_groups(cfg.model, 0, L), 0, L);
     m.micro_batches_in_flight = micro_batches_in_flight(cfg);
     m.activations = m.micro_batches_in_flight * per_micro_batch;
     m.scratch = scratch_bytes(cfg);

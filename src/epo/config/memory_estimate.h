@@ -34,6 +34,7 @@
 //         MLA: cTW is replaced by cT(A Dq + A (Dn + Dv) + Rkv + Dr [+ Rq])
 //         MoE: 6TE router + 5cRH dispatch gradients + cR f1 [+ cT f1s]   dense: cT f1
 //   output = 4TH x + cTH normed + 4T + cTV dlogits + 4TH d_normed
+// Full recompute (recompute_granularity full): layers_activation_bytes below.
 // Selective recompute (recompute_modules) takes out of fwd what it does not keep and puts it in
 // the scratch of the node that recomputes it (an upper bound: the modules' recomputed tensors
 // added up, though they live in different nodes):
@@ -49,6 +50,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "epo/config/config.h"
 
@@ -83,8 +85,18 @@ struct ActivationBytes {
     int64_t dense_layer = 0;
     int64_t output = 0;
     int64_t handoff = 0;
+    int64_t layer_input = 0;  // 4TH: the layer input x, all a fully recomputed group keeps
 };
 ActivationBytes activation_bytes(const Config& cfg);
+// One micro-batch's activations through layers [first, end) (`moe_layers` and `recompute_first`
+// as model::GptShape's, the latter empty without full recompute): the sum of the layers' fwd +
+// bwd. Full recompute: a recomputed group keeps only its input (4TH) from its forward to its
+// backward, and holds its layers' activations again while it is recomputed and runs its backward,
+// when the layers above it are done. The peak over the backward:
+//   max(kept + 4TH groups,  max over groups g (kept below g + 4TH groups below g + g's layers))
+int64_t layers_activation_bytes(const ActivationBytes& a, const std::vector<bool>& moe_layers,
+                                const std::vector<int>& recompute_first, int64_t first,
+                                int64_t end);
 // The compute stream's scratch (header).
 int64_t scratch_bytes(const Config& cfg);
 

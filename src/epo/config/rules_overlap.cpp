@@ -18,21 +18,31 @@ bool older_than(const std::optional<std::string>& version, std::string_view mini
     return version && parse_version(*version) && !version_at_least(*version, minimum);
 }
 
+// Full recompute with EP overlap: Megatron-Bridge's overlap validation refuses it
+// (training/comm_overlap.py asserts recompute_granularity != "full", and a null method and layer
+// count); Megatron-LM's dev branch runs it (its combined step replays each recomputed segment
+// before the segment's backward), and so does epo (schedule.h "Full recompute"). So EP007 is a
+// warning that names Bridge's refusal, and with full recompute the method and layer count are
+// MC008's to check; without it they must be null, as both references require.
 void check_recompute(const RuleContext& ctx) {
     const ModelConfig& m = ctx.user.model;
-    if (m.recompute_granularity == RecomputeGranularity::kFull) {
-        ctx.error("EP007", "model.recompute_granularity", "full",
-                  "full activation recompute cannot run with EP overlap",
-                  "disable full recompute (model.recompute_granularity=null or selective)");
+    const bool full = m.recompute_granularity == RecomputeGranularity::kFull;
+    if (full) {
+        ctx.warn("EP007", "model.recompute_granularity", "full",
+                 "Megatron-Bridge's overlap validation refuses full recompute with EP overlap; "
+                 "Megatron-LM's dev branch and epo run it (the recomputed layers' forward runs "
+                 "again in the combined step, its dispatch exposed)",
+                 "keep it for epo or a Megatron-LM target; for a Bridge run set "
+                 "model.recompute_granularity=selective or null");
     }
-    if (m.recompute_method) {
+    if (m.recompute_method && !full) {
         ctx.error("EP008", "model.recompute_method", show(m.recompute_method),
-                  "a recompute method cannot be set with EP overlap",
+                  "a recompute method without full recompute cannot be set with EP overlap",
                   "set model.recompute_method=null");
     }
-    if (m.recompute_num_layers) {
+    if (m.recompute_num_layers && !full) {
         ctx.error("EP009", "model.recompute_num_layers", show(m.recompute_num_layers),
-                  "recompute_num_layers must be null with EP overlap",
+                  "recompute_num_layers must be null with EP overlap unless recompute is full",
                   "set model.recompute_num_layers=null");
     }
     if (m.recompute_modules && std::find(m.recompute_modules->begin(), m.recompute_modules->end(),

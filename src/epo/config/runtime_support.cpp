@@ -85,7 +85,8 @@ const std::vector<FeatureRow>& rows() {
                          "model.multi_latent_attention", "true");
          },
          "set model.multi_latent_attention=false"},
-        // Selective recompute runs (model/transformer_layer.h), but for the modules of RT034.
+        // Full recompute runs (schedule.h "Full recompute"); selective recompute too
+        // (model/transformer_layer.h), but for the modules of RT034.
         {{"RT008", "full activation recompute (recompute_granularity=full)", &RC::full_recompute},
          [](C c) {
              return when(c.model.recompute_granularity == RecomputeGranularity::kFull,
@@ -328,6 +329,7 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.distributed_optimizer = true;  // train/trainer.h (ZeRO-1, with bucketed param gather)
     caps.pipeline_parallel = true;      // schedule/pipeline_schedule.h, docs/pipeline.md
     caps.uneven_pipeline = true;        // config/pipeline_layout.h, used by model and schedule
+    caps.full_recompute = true;         // schedule.h "Full recompute", model/gpt_model.h
     return caps;
 }
 

@@ -28,7 +28,7 @@ struct RuntimeCapabilities {
     bool sequence_parallel = false;            // RT005
     bool multi_token_prediction = false;       // RT006
     bool multi_latent_attention = false;       // RT007
-    bool full_recompute = false;               // RT008 (selective recompute runs)
+    bool full_recompute = false;               // RT008 (runs now)
     bool fp16 = false;                         // RT009
     bool fp32_training = false;                // RT010
     bool shared_expert_overlap = false;        // RT011

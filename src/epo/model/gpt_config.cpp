@@ -1,4 +1,6 @@
 // GptShape from a finalized configuration.
+#include <algorithm>
+
 #include "epo/config/config.h"
 #include "epo/config/pipeline_layout.h"
 #include "epo/model/gpt_model.h"
@@ -65,6 +67,18 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
             auto& out = s.pipeline_chunks.emplace_back();
             for (const config::ModelChunk& c : stage)
                 out.push_back(LayerRange{c.first_layer, c.first_layer + c.num_layers});
+        }
+    }
+    if (m.recompute_granularity == config::RecomputeGranularity::kFull) {
+        // Groups per model chunk, as Megatron-Core's TransformerBlock counts its own layers.
+        s.recompute_first.assign(static_cast<size_t>(s.num_layers), -1);
+        for (int stage = 0; stage < s.pipeline_size; ++stage) {
+            for (int chunk = 0; chunk < s.virtual_pipeline_size; ++chunk) {
+                const LayerRange r = s.chunk_layers(stage, chunk);
+                const std::vector<int> g = config::full_recompute_groups(
+                    m, static_cast<int>(r.first), static_cast<int>(r.end));
+                std::copy(g.begin(), g.end(), s.recompute_first.begin() + r.first);
+            }
         }
     }
     return s;

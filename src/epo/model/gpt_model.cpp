@@ -391,6 +391,16 @@ void GptModel::run(const schedule::NodeCall& c, const moe::DispatchComms& comms,
     account(m);
 }
 
+bool GptModel::recomputed(int l) const {
+    return !shape_.recompute_first.empty() && shape_.recompute_first[static_cast<size_t>(l)] >= 0;
+}
+
+bool GptModel::last_of_group(int l) const {
+    const auto& g = shape_.recompute_first;
+    return recomputed(l) && (l + 1 >= static_cast<int>(shape_.num_layers) ||
+                             g[static_cast<size_t>(l + 1)] != g[static_cast<size_t>(l)]);
+}
+
 void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeArgs& a) {
     using schedule::NodeKind;
     using schedule::Phase;
@@ -400,13 +410,32 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
     LayerParams& p = layers_[at];
     LayerState& st = layer_state(m, l);
     const bool wgrad = !c.wgrad_delayed;
+    // A recompute call runs the forward again (full recompute, schedule.h): the same functions
+    // on the same inputs, so the state it rebuilds is the forward's bit for bit. Its routing
+    // tallies are not counted twice, and the recompute of a group's last layer writes no output:
+    // the layer above has run its backward, and nothing reads x[l + 1] again.
+    const bool recompute = c.phase == Phase::kRecompute;
+    const bool forward = c.phase == Phase::kForward || recompute;
+    LayerStepStats recompute_stats;
+    LayerStepStats& stats = recompute ? recompute_stats : layer_stats_[at];
+    const bool writes_output = !(recompute && last_of_group(l));
     // The layer's output, produced by its last forward node (combine, or mlp for a dense layer).
-    const auto output = [&] { return handoff(m.x, l + 1); };
+    const auto output = [&] { return writes_output ? handoff(m.x, l + 1) : Tensor(); };
+    // After a recomputed layer's last forward node (not its recompute): its state goes back to
+    // the pool, and its input too inside a group (the group's first input is all it keeps).
+    const auto forward_done = [&] {
+        if (c.phase != Phase::kForward || !recomputed(l))
+            return;
+        layer_pool_.release(m.layers[at]);
+        m.layers[at] = nullptr;
+        if (shape_.recompute_first[at] != l)
+            release_handoff(m.x, l);
+    };
     switch (c.node) {
         case NodeKind::kPreDispatch:
-            if (c.phase == Phase::kForward) {
+            if (forward) {
                 st.x = m.x[at]->t;
-                pre_dispatch_forward(s, p, rope_, st, layer_stats_[at], a);
+                pre_dispatch_forward(s, p, rope_, st, stats, a);
                 // Chunks: the chunks' combines write the output, so it exists before them
                 // (here, not from the comm stream while this micro-batch's compute nodes read
                 // its hand-off slots).
@@ -422,12 +451,13 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
             }
             return;
         case NodeKind::kDispatch:
-            c.phase == Phase::kForward ? dispatch_forward(s, p, st, a)
-                                       : dispatch_backward(s, p, st, a);
+            forward ? dispatch_forward(s, p, st, a) : dispatch_backward(s, p, st, a);
             return;
         case NodeKind::kMlp:
-            if (c.phase == Phase::kForward) {
+            if (forward) {
                 mlp_forward(s, p, st, s.is_moe ? Tensor() : output(), a);
+                if (!s.is_moe)
+                    forward_done();
             } else if (c.phase == Phase::kBackward) {
                 mlp_backward(s, p, st, m.dx[at + 1]->t, wgrad, a);
             } else {
@@ -435,8 +465,17 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
             }
             return;
         case NodeKind::kCombine:
-            if (c.phase == Phase::kForward) {
-                combine_forward(s, p, st, c.moe_chunk >= 0 ? m.x[at + 1]->t : output(), a);
+            if (forward) {
+                const bool chunked = c.moe_chunk >= 0;
+                combine_forward(s, p, st,
+                                !chunked        ? output()
+                                : writes_output ? m.x[at + 1]->t
+                                                : Tensor(),
+                                a);
+                // The last chunk's combine is the layer's last forward node (every chunk's mlp
+                // and combine before it: the comm stream runs the combines in order).
+                if (!chunked || c.moe_chunk == s.moe.num_chunks - 1)
+                    forward_done();
             } else {
                 combine_backward(s, p, st, m.dx[at + 1]->t, a);
             }
@@ -480,26 +519,43 @@ void GptModel::transfer_done(const schedule::NodeCall& c) {
     account(m);
 }
 
-// The backward is the forward's list reversed (weight gradients inside each backward call).
+// The backward is the forward's list reversed (weight gradients inside each backward call), with
+// a recomputed group's forward calls again right before its last layer's backward.
 std::vector<schedule::NodeCall> GptModel::straight_calls(int mb, schedule::Phase phase) const {
     using schedule::NodeKind;
+    using schedule::Phase;
     std::vector<schedule::NodeCall> calls;
-    const auto add = [&](int layer, NodeKind node) {
-        calls.push_back({.micro_batch = mb, .layer = layer, .node = node, .phase = phase});
+    const auto add = [&](int layer, NodeKind node, Phase ph) {
+        calls.push_back({.micro_batch = mb, .layer = layer, .node = node, .phase = ph});
     };
-    add(-1, NodeKind::kEmbedding);
-    for (int l = 0; l < static_cast<int>(shape_.num_layers); ++l) {
+    const auto add_layer = [&](int l, Phase ph) {
         const bool moe = layer_shapes_[static_cast<size_t>(l)].is_moe;
-        add(l, NodeKind::kPreDispatch);
+        add(l, NodeKind::kPreDispatch, ph);
         if (moe)
-            add(l, NodeKind::kDispatch);
-        add(l, NodeKind::kMlp);
+            add(l, NodeKind::kDispatch, ph);
+        add(l, NodeKind::kMlp, ph);
         if (moe)
-            add(l, NodeKind::kCombine);
+            add(l, NodeKind::kCombine, ph);
+    };
+    const int L = static_cast<int>(shape_.num_layers);
+    if (phase == Phase::kForward) {
+        add(-1, NodeKind::kEmbedding, phase);
+        for (int l = 0; l < L; ++l)
+            add_layer(l, phase);
+        add(-1, NodeKind::kOutput, phase);
+        return calls;
     }
-    add(-1, NodeKind::kOutput);
-    if (phase == schedule::Phase::kBackward)
-        std::reverse(calls.begin(), calls.end());
+    add(-1, NodeKind::kOutput, phase);
+    for (int l = L - 1; l >= 0; --l) {
+        if (last_of_group(l)) {
+            for (int k = shape_.recompute_first[static_cast<size_t>(l)]; k <= l; ++k)
+                add_layer(k, Phase::kRecompute);
+        }
+        const size_t first = calls.size();
+        add_layer(l, phase);
+        std::reverse(calls.begin() + static_cast<std::ptrdiff_t>(first), calls.end());
+    }
+    add(-1, NodeKind::kEmbedding, phase);
     return calls;
 }
 

@@ -72,6 +72,11 @@ struct GptShape {
     // Selective recompute of the layers' norms and dense MLPs (core_attn is attn's, moe_act and
     // shared_experts moe's; transformer_layer.h).
     LayerRecompute recompute;
+    // Full recompute (schedule.h "Full recompute"): [L] the first layer of layer l's recompute
+    // group, -1 for a layer that keeps its activations; empty: none. A recomputed layer's state
+    // goes back to the pool after its last forward node (and so does its input, unless it is the
+    // group's first layer); its recompute calls rebuild both before its backward.
+    std::vector<int> recompute_first;
     // Pipeline parallelism (schedule/pipeline_schedule.h): P stages of V model chunks, this
     // rank's stage, and the layers each chunk holds: config/pipeline_layout.h's layout (even,
     // uneven first / last stages, Megatron's layout string), [stage][chunk]. Stage 0 holds the
@@ -236,6 +241,9 @@ private:
     Tensor handoff(std::vector<HandoffState*>& slots, int position);  // acquires
     void release_handoff(std::vector<HandoffState*>& slots, int position);
     void release_layer(MicroBatch& m, int l);
+    // Full recompute: whether layer l is recomputed / the last layer of its group.
+    bool recomputed(int l) const;
+    bool last_of_group(int l) const;
     void account(MicroBatch& m);
 
     void embedding_forward(int mb, MicroBatch& m);

@@ -226,7 +226,8 @@ void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, cons
         moe::shared_expert_forward(
             p.dense, n2, y, st.mlp, st.arena,
             s.recompute.mlp ? moe::FfnRecompute::kAll : moe::FfnRecompute::kNone, a.scratch);
-        add_into(st.h, y, out);
+        if (out.defined())
+            add_into(st.h, y, out);
         forget_recomputed(s, st);
         return;
     }
@@ -243,7 +244,8 @@ void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, 
     }
     Tensor y = a.scratch->alloc({r.end - r.begin, s.hidden}, DType::kF32);
     moe::block_combine_forward(block_of(s, p, a), *a.comms, st.moe, y, chunk_of(s, a));
-    add_into(st.h.rows(r.begin, r.end), y, out.rows(r.begin, r.end));
+    if (out.defined())
+        add_into(st.h.rows(r.begin, r.end), y, out.rows(r.begin, r.end));
 }
 
 void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,

@@ -135,10 +135,12 @@ struct NodeArgs {
 void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
                           LayerState& st, LayerStepStats& stats, const NodeArgs& a);
 void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const NodeArgs& a);
-// Dense layers: writes out (T, H) f32 = h + mlp(n2). MoE layers: `out` is unused.
+// Dense layers: writes out (T, H) f32 = h + mlp(n2) (nothing when out is undefined: a full
+// recompute's last layer). MoE layers: `out` is unused.
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                  const NodeArgs& a);
-// out (T, H) f32 = h + moe(n2) (+ shared expert); a chunk writes its rows of out.
+// out (T, H) f32 = h + moe(n2) (+ shared expert); a chunk writes its rows of out; an undefined
+// out is not written (the state is, as always).
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                      const NodeArgs& a);
 

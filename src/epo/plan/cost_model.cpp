@@ -85,7 +85,8 @@ NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCal
             w.gemms.push_back(g);
         }
     };
-    if (call.phase == Phase::kForward) {
+    // A full recompute's call (Phase::kRecompute) is its forward node again.
+    if (call.phase == Phase::kForward || call.phase == Phase::kRecompute) {
         add_weights(f.weight_gemms, 1, GemmPass::kForward);
         add(f.act_gemms, 1, GemmPass::kForward);
         w.elementwise_bytes += f.elementwise_bytes;
@@ -93,8 +94,8 @@ NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCal
         return w;
     }
     if (call.phase == Phase::kBackward) {
-        // Recomputation first: forward products and bytes again (and a full recompute's
-        // collectives).
+        // Selective recomputation first: forward products and bytes again (a full recompute's are
+        // the schedule's recompute calls).
         const ForwardWork r = recompute_work(m, call);
         add_weights(r.weight_gemms, 1, GemmPass::kForward);
         add(r.act_gemms, 1, GemmPass::kForward);
@@ -252,7 +253,9 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             // mean.
             const bool dispatch = call.node == NodeKind::kDispatch;
             // Flex with fp8 sends the forward dispatch's rows in fp8, one fp32 scale per 128.
-            const bool fp8_rows = m.fp8 && m.flex && dispatch && call.phase == Phase::kForward;
+            const bool fp8_rows =
+                m.fp8 && m.flex && dispatch &&
+                (call.phase == Phase::kForward || call.phase == Phase::kRecompute);
             const double row = fp8_rows ? H + H / 128 * 4 : H * c;
             w.bytes = scaled(routed_bytes(m, row + (dispatch ? 4 : 0)),
                              imbalance_at(m, call.layer) / chunk_share(m, call));

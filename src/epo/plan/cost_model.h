@@ -59,8 +59,9 @@
 //            R H c more bytes inside the node; each expert product R ETP rows of F / ETP
 //   PP       a stage's calls (pipeline_schedule.h), its hand-offs Ts H c between stages
 //   MLA      (attention_work in cost_model.cpp): compressed q and kv, rope and non-rope parts
-//   recompute  the backward first runs again: full, the layer's whole forward (uniform: every
-//            layer; block: the first recompute_num_layers of each model chunk); selective, per
+//   recompute  full: the schedule's recompute calls (Phase::kRecompute, before a recomputed
+//            group's last backward), each costed as its forward node, collectives included;
+//            the backward first runs again: selective, per
 //            module of recompute_modules: core_attn the score and context products, layernorm the
 //            norms' element-wise bytes, mla_up_proj MLA's up projections, moe_act the experts'
 //            activation bytes, moe or mlp the MLP's forward, shared_experts the shared expert

@@ -218,13 +218,11 @@ ForwardWork recompute_work(const PlanModel& m, const NodeCall& call) {
     if (call.layer < 0 || !m.recompute_granularity ||
         (call.node != NodeKind::kPreDispatch && call.node != NodeKind::kMlp))
         return r;
-    const ForwardWork f = forward_work(m, call);
-    if (*m.recompute_granularity == config::RecomputeGranularity::kFull) {
-        const int in_chunk = call.layer % std::max(1, m.layers_per_chunk);
-        if (!m.recompute_block || in_chunk < m.recompute_num_layers)
-            r = f;
+    // Full recompute: the schedule runs the forward nodes again as calls of their own
+    // (Phase::kRecompute, costed as forwards), so a backward call adds nothing.
+    if (*m.recompute_granularity == config::RecomputeGranularity::kFull)
         return r;
-    }
+    const ForwardWork f = forward_work(m, call);
     const model::GptShape& s = m.shape;
     const double c = static_cast<double>(m.compute_bytes), H = static_cast<double>(s.hidden);
     const bool moe = s.moe_layers[static_cast<size_t>(call.layer)];

@@ -153,6 +153,50 @@ private:
         }
     }
 
+    // ---- Full recompute (schedule.h "Full recompute") ----
+    int recompute_first(int layer) const {
+        const auto& g = shape_.recompute_first;
+        return g.empty() ? -1 : g[static_cast<size_t>(layer)];
+    }
+    // The first layer of the group whose forward runs again right before layer l's backward: l
+    // is recomputed and the last layer of its group; -1 otherwise.
+    int recompute_before(int l) const {
+        const int first = recompute_first(l);
+        if (first < 0 || (l + 1 < num_layers() && recompute_first(l + 1) == first))
+            return -1;
+        return first;
+    }
+    // A unit's forward nodes of l's group again, layer by layer, MoE chunks as in its forward.
+    void recompute(const Unit& u, int l) {
+        const int first = recompute_before(l);
+        for (int k = first; first >= 0 && k <= l; ++k) {
+            add(u, k, NodeKind::kPreDispatch, Phase::kRecompute);
+            if (moe(k)) {
+                chunk_nodes(u, k, Phase::kRecompute, NodeKind::kDispatch, NodeKind::kMlp,
+                            NodeKind::kCombine, [] {});
+            } else {
+                add(u, k, NodeKind::kMlp, Phase::kRecompute);
+            }
+        }
+    }
+    // Two backward units' recompute of l's group, layer by layer in forward_pair's order (a's
+    // dispatch under b's attention, b's under a's experts).
+    void recompute_pair(const Unit& a, const Unit& b, int l) {
+        const int first = recompute_before(l);
+        for (int k = first; first >= 0 && k <= l; ++k) {
+            for (const Unit* u : {&a, &b}) {
+                add(*u, k, NodeKind::kPreDispatch, Phase::kRecompute);
+                if (moe(k))
+                    add_chunks(*u, k, NodeKind::kDispatch, Phase::kRecompute);
+            }
+            for (const Unit* u : {&a, &b}) {
+                add_chunks(*u, k, NodeKind::kMlp, Phase::kRecompute);
+                if (moe(k))
+                    add_chunks(*u, k, NodeKind::kCombine, Phase::kRecompute);
+            }
+        }
+    }
+
     // ---- Parameter gathers: micro-batch 0's forward units (schedule.h) ----
     const std::vector<int>& param_ends(const Unit& u) const {
         static const std::vector<int> none;
@@ -281,6 +325,7 @@ private:
         if (u.output)
             close(u, num_layers());
         for (int l = u.end - 1; l >= u.first; --l) {
+            recompute(u, l);
             if (moe(l)) {
                 chunk_nodes(u, l, Phase::kBackward, NodeKind::kCombine, NodeKind::kMlp,
                             NodeKind::kDispatch, [&] { issue(u); });
@@ -322,6 +367,8 @@ private:
         for (int j = 0; j < std::max(nf, nb); ++j) {
             const bool fw = j < nf, bw = j < nb;
             const int fl = f.first + j, bl = b.end - 1 - j;
+            if (bw)
+                recompute(b, bl);  // a recomputed group's forward, before its last layer's step 1
             if (bw && moe(bl))
                 add_chunks(b, bl, NodeKind::kCombine, Phase::kBackward);  // 1
             if (fw)
@@ -417,6 +464,7 @@ private:
         if (b.output)
             close(b, num_layers());
         for (int l = b.end - 1; l >= b.first; --l) {
+            recompute_pair(a, b, l);
             if (moe(l)) {
                 add_chunks(a, l, NodeKind::kCombine, Phase::kBackward);
                 add_chunks(b, l, NodeKind::kCombine, Phase::kBackward);

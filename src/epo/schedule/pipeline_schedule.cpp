@@ -21,6 +21,34 @@ PipelineUnit unit_of(const PipelineShape& s, int k, bool forward) {
     return PipelineUnit{group * P + within % P, forward ? chunk : V - 1 - chunk};
 }
 
+// recompute_first: empty, or per layer -1 or the first layer of a run of consecutive layers
+// inside one model chunk.
+void check_recompute_groups(const PipelineShape& s) {
+    const auto& g = s.recompute_first;
+    if (g.empty())
+        return;
+    const int L = num_layers(s);
+    if (g.size() != static_cast<size_t>(L)) {
+        throw std::invalid_argument(fmt::format(
+            "recompute_first has {} entries for {} layers (one per layer, or none)", g.size(), L));
+    }
+    for (int l = 0; l < L; ++l) {
+        const int first = g[static_cast<size_t>(l)];
+        if (first < 0)
+            continue;
+        const bool starts = first == l;
+        const bool continues = l > 0 && first < l && g[static_cast<size_t>(l - 1)] == first &&
+                               stage_of_position(s, first) == stage_of_position(s, l) &&
+                               chunk_of_position(s, first) == chunk_of_position(s, l);
+        if (!starts && !continues) {
+            throw std::invalid_argument(fmt::format(
+                "recompute_first[{}] = {}: a recompute group is a run of consecutive layers of "
+                "one model chunk starting at its first layer",
+                l, first));
+        }
+    }
+}
+
 void check_layout(const PipelineShape& s) {
     const int L = num_layers(s);
     if (s.layout.empty()) {
@@ -126,6 +154,7 @@ void check_pipeline_shape(const PipelineShape& s) {
     }
     check_bucket_ends(s, s.stage_grad_bucket_ends, "grad_bucket_ends");
     check_bucket_ends(s, s.stage_param_bucket_ends, "param_bucket_ends");
+    check_recompute_groups(s);
 }
 
 ChunkLayers chunk_layers(const PipelineShape& s, int stage, int chunk) {

@@ -83,6 +83,8 @@ struct PipelineShape {
     bool delay_wgrad = false;      // overlap only, as in schedule.h
     int num_moe_chunks = 1;        // C, as ScheduleShape::num_moe_chunks
     bool pair_edges = false;       // overlap only, as ScheduleShape::pair_edges
+    // As ScheduleShape::recompute_first ([L], empty: none); a group lies within one model chunk.
+    std::vector<int> recompute_first;
     // [stage][chunk] the layers each model chunk holds; empty: the even split.
     std::vector<std::vector<ChunkLayers>> layout;
     // [stage] bucket ends in ScheduleShape's format over the stage's own positions (descending,

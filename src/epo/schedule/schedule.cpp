@@ -55,6 +55,8 @@ const char* phase_name(Phase phase) {
             return "backward";
         case Phase::kBackwardDw:
             return "backward_dw";
+        case Phase::kRecompute:
+            return "recompute";
     }
     return "?";
 }
@@ -112,7 +114,8 @@ std::vector<NodeCall> one_stage(const ScheduleShape& shape, bool overlap) {
                     .overlap = overlap,
                     .delay_wgrad = overlap && shape.delay_wgrad,
                     .num_moe_chunks = shape.num_moe_chunks,
-                    .pair_edges = overlap && shape.pair_edges};
+                    .pair_edges = overlap && shape.pair_edges,
+                    .recompute_first = shape.recompute_first};
     if (!shape.grad_bucket_ends.empty())
         p.stage_grad_bucket_ends = {shape.grad_bucket_ends};
     if (!shape.param_bucket_ends.empty())

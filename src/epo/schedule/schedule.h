@@ -69,6 +69,17 @@
 // alone (the pair leaves the comm stream no gap; behind the last layer's dispatches a reduction
 // runs under the attention backward and delays no all-to-all).
 //
+// Full recompute (recompute_first): a recomputed layer's forward keeps only the group's input (the
+// hand-off tensor x[first]); right before the backward of a group's last layer, its unit runs the
+// forward nodes of the whole group again, layer by layer, as Phase::kRecompute calls (comm nodes
+// on the comm stream, MoE chunks as in the unit's forward), and then the layers' backward nodes
+// as without recompute. In a combined step the recompute calls come before step 1 of the pair:
+// the recompute's dispatch is exposed (its compute stream waits for it), its combine runs while
+// step 2 (the forward micro-batch's pre_dispatch) computes. Paired backwards recompute a and b
+// layer by layer as paired forwards run. The recompute calls do the forward's arithmetic on the
+// same inputs with the same routing (the expert bias changes only at step end), so gradients stay
+// bit-identical.
+//
 // MoE chunks (num_moe_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
 // and combine run once per chunk of the micro-batch (a group of the local experts, or of the
 // tokens; the schedule does not care which) (NodeCall::moe_chunk = c); the
@@ -110,7 +121,9 @@ enum class NodeKind {
     kSendBackward,
     kRecvBackward
 };
-enum class Phase { kForward, kBackward, kBackwardDw };
+// kRecompute: a forward node run again in the backward of a fully recomputed layer
+// (ScheduleShape::recompute_first), to rebuild the activations its forward did not keep.
+enum class Phase { kForward, kBackward, kBackwardDw, kRecompute };
 enum class StreamId { kCompute, kComm };
 
 struct NodeCall {
@@ -154,7 +167,7 @@ inline bool is_pipeline_transfer(NodeKind node) {
            node == NodeKind::kSendBackward || node == NodeKind::kRecvBackward;
 }
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
-const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw"
+const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw", "recompute"
 // "mb3.layer1.mlp.backward" style names for traces and logs ("mb3.layer1.mlp.backward.chunk1"
 // for a token chunk); "mb7.bucket0.grad_reduce" for a gradient bucket's reduction,
 // "mb0.bucket3.param_gather" for a parameter bucket's gather. A call of a pipeline schedule
@@ -180,6 +193,10 @@ struct ScheduleShape {
     // together instead of the first forward and the last backward alone (header; field
     // model.moe_ep_overlap_pair_edges). No effect with one micro-batch.
     bool pair_edges = false;
+    // Full recompute (model.recompute_granularity=full, "Full recompute" above): [L] the first
+    // layer of the recompute group layer l belongs to, -1 for a layer that keeps its activations;
+    // empty: none recomputed. A group is a run of consecutive layers of one model chunk.
+    std::vector<int> recompute_first;
 };
 
 // The number of MoE chunks a list of calls uses: 1 + the largest moe_chunk (at least 1).

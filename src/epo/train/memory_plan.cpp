@@ -32,9 +32,8 @@ config::MemoryEstimate estimate_stage_memory(const config::Config& cfg, const St
     const auto unit_bytes = [&](int chunk) {
         const int stage = shape.pipeline_rank;
         const model::LayerRange r = shape.chunk_layers(stage, std::max(chunk, 0));
-        int64_t bytes = a.handoff;
-        for (int64_t l = r.first; l < r.end; ++l)
-            bytes += shape.moe_layers[static_cast<size_t>(l)] ? a.moe_layer : a.dense_layer;
+        int64_t bytes = a.handoff + config::layers_activation_bytes(
+                                        a, shape.moe_layers, shape.recompute_first, r.first, r.end);
         const bool output = stage == shape.pipeline_size - 1 &&
                             std::max(chunk, 0) == shape.virtual_pipeline_size - 1;
         return bytes + (output ? a.output : 0);
