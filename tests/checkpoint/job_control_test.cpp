@@ -71,6 +71,11 @@ public:
             const std::string name = entry.path().filename().string();
             if (name.find_first_not_of("0123456789") != std::string::npos)
                 continue;
+            // A rank's guardian (comm/rank_runner.h) shares its environment.
+            std::string comm;
+            std::getline(std::ifstream(entry.path() / "comm"), comm);
+            if (comm == "epo-guardian")
+                continue;
             std::ifstream in(entry.path() / "environ", std::ios::binary);
             std::string env((std::istreambuf_iterator<char>(in)), {});
             if (env.find("EPO_TEST_JOB=" + tag_ + '\0') == std::string::npos)

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <mpi.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -230,8 +231,14 @@ int start_rank_guardian(int launcher, std::chrono::milliseconds grace, const std
         guardian_fd.store(ends[1]);
         return static_cast<int>(pid);
     }
-    // The guardian: its own session, no file of the rank's but the pipe's read end.
+    // The guardian: its own session, no file of the rank's but the pipe's read end, a name of
+    // its own (it shares the rank's command line and environment: `pgrep -x epo` and tools
+    // that find ranks by their environment must skip "epo-guardian"), and deaf to the signals
+    // users and launchers send a job (a stray one must not end it before the rank).
     ::setsid();
+    ::prctl(PR_SET_NAME, "epo-guardian", 0, 0, 0);
+    for (const int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGQUIT})
+        ::signal(sig, SIG_IGN);
     for (int fd = 0; fd < 1024; ++fd) {
         if (fd != ends[0])
             ::close(fd);

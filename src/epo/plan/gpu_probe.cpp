@@ -15,35 +15,36 @@
 namespace epo::plan {
 namespace {
 
-[[noreturn]] void malformed(const std::filesystem::path& path, const std::string& what) {
+[[noreturn]] void probe_malformed(const std::filesystem::path& path, const std::string& what) {
     throw Error(ErrorKind::kUsage,
                 fmt::format("probe file {}: {}; write it with epo-gpu-probe --out {}",
                             path.string(), what, path.string()));
 }
 
-double positive(const nlohmann::json& j, const char* key, const std::filesystem::path& path) {
+double probe_positive(const nlohmann::json& j, const char* key, const std::filesystem::path& path) {
     if (!j.contains(key))
-        malformed(path, fmt::format("field '{}' is missing", key));
+        probe_malformed(path, fmt::format("field '{}' is missing", key));
     if (!j[key].is_number())
-        malformed(path, fmt::format("field '{}' is {}, not a number", key, j[key].dump()));
+        probe_malformed(path, fmt::format("field '{}' is {}, not a number", key, j[key].dump()));
     const double v = j[key].get<double>();
     if (!(std::isfinite(v) && v > 0))
-        malformed(path, fmt::format("field '{}' = {:g} is not a positive number", key, v));
+        probe_malformed(path, fmt::format("field '{}' = {:g} is not a positive number", key, v));
     return v;
 }
 
-std::vector<double> rates(const nlohmann::json& j, const char* key, size_t count,
-                          const std::filesystem::path& path) {
+std::vector<double> probe_rates(const nlohmann::json& j, const char* key, size_t count,
+                                const std::filesystem::path& path) {
     if (!j.contains(key) || !j[key].is_array())
-        malformed(path, fmt::format("field '{}' is missing or not a list", key));
+        probe_malformed(path, fmt::format("field '{}' is missing or not a list", key));
     if (j[key].size() != count) {
-        malformed(path, fmt::format("field '{}' has {} rates for {} gemm_shapes", key,
-                                    j[key].size(), count));
+        probe_malformed(path, fmt::format("field '{}' has {} rates for {} gemm_shapes", key,
+                                          j[key].size(), count));
     }
     std::vector<double> out;
     for (const auto& v : j[key]) {
         if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
-            malformed(path, fmt::format("field '{}' holds {}, not a positive rate", key, v.dump()));
+            probe_malformed(path,
+                            fmt::format("field '{}' holds {}, not a positive rate", key, v.dump()));
         out.push_back(v.get<double>());
     }
     return out;
@@ -65,37 +66,37 @@ GpuProbe read_gpu_probe(const std::filesystem::path& path) {
     try {
         j = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception& e) {
-        malformed(path, fmt::format("not JSON ({})", e.what()));
+        probe_malformed(path, fmt::format("not JSON ({})", e.what()));
     }
     if (!j.is_object() || !j.contains("epo_gpu_probe"))
-        malformed(path, "it is not an epo-gpu-probe file (no 'epo_gpu_probe' field)");
+        probe_malformed(path, "it is not an epo-gpu-probe file (no 'epo_gpu_probe' field)");
     if (j["epo_gpu_probe"] != 1)
-        malformed(path, fmt::format("format {} is not 1", j["epo_gpu_probe"].dump()));
+        probe_malformed(path, fmt::format("format {} is not 1", j["epo_gpu_probe"].dump()));
     GpuProbe p;
     if (!j.contains("device_name") || !j["device_name"].is_string())
-        malformed(path, "field 'device_name' is missing or not a string");
+        probe_malformed(path, "field 'device_name' is missing or not a string");
     p.device_name = j["device_name"].get<std::string>();
-    p.num_sms = static_cast<int>(positive(j, "num_sms", path));
+    p.num_sms = static_cast<int>(probe_positive(j, "num_sms", path));
     p.compute_capability = j.value("compute_capability", "");
     p.rounds = j.value("rounds", 0);
     if (!j.contains("gemm_shapes") || !j["gemm_shapes"].is_array())
-        malformed(path, "field 'gemm_shapes' is missing or not a list");
+        probe_malformed(path, "field 'gemm_shapes' is missing or not a list");
     for (const auto& s : j["gemm_shapes"]) {
         if (!s.is_array() || s.size() != 3 || !s[0].is_number() || !s[1].is_number() ||
             !s[2].is_number() || !(s[0].get<double>() > 0) || !(s[1].get<double>() > 0) ||
             !(s[2].get<double>() > 0))
-            malformed(path, fmt::format("gemm_shapes entry {} is not [m, n, k]", s.dump()));
+            probe_malformed(path, fmt::format("gemm_shapes entry {} is not [m, n, k]", s.dump()));
         p.shapes.push_back({s[0].get<double>(), s[1].get<double>(), s[2].get<double>()});
     }
     if (p.shapes.size() < 2)
-        malformed(path, "gemm_shapes needs at least two token counts");
-    p.forward_tflops = rates(j, "forward_tflops", p.shapes.size(), path);
-    p.dgrad_tflops = rates(j, "dgrad_tflops", p.shapes.size(), path);
-    p.wgrad_tflops = rates(j, "wgrad_tflops", p.shapes.size(), path);
-    p.stream_tbps = positive(j, "stream_tbps", path);
-    p.elementwise_tbps = positive(j, "elementwise_tbps", path);
-    p.kernel_launch_us = positive(j, "kernel_launch_us", path);
-    p.graph_launch_us = positive(j, "graph_launch_us", path);
+        probe_malformed(path, "gemm_shapes needs at least two token counts");
+    p.forward_tflops = probe_rates(j, "forward_tflops", p.shapes.size(), path);
+    p.dgrad_tflops = probe_rates(j, "dgrad_tflops", p.shapes.size(), path);
+    p.wgrad_tflops = probe_rates(j, "wgrad_tflops", p.shapes.size(), path);
+    p.stream_tbps = probe_positive(j, "stream_tbps", path);
+    p.elementwise_tbps = probe_positive(j, "elementwise_tbps", path);
+    p.kernel_launch_us = probe_positive(j, "kernel_launch_us", path);
+    p.graph_launch_us = probe_positive(j, "graph_launch_us", path);
     return p;
 }
 
