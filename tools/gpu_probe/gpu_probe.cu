@@ -10,7 +10,12 @@
 //     expert (n, k = 4096, 7168) with the token dimension m from 64 to 8192;
 //   - a streaming loop a = b + s c over f32 arrays far beyond the caches (the optimizer's kind);
 //   - SwiGLU forward and backward over bf16 (rows, 2F) (the element-wise kernels' kind);
-//   - the host's cost of one kernel launch, and of one CUDA graph replay of 20 kernels.
+//   - the host's cost of one kernel launch, and of one CUDA graph replay of 20 kernels;
+//   - compute beside communication: a product's slowdown while a copy kernel of 32 (NCCL's
+//     channels) or 24 (DeepEP's SMs) blocks runs on another stream, and the copy's beside
+//     products. A local copy runs at HBM speed, far above a link's, so this bounds the memory
+//     contention from above; it is recorded, and the planner does not take it for
+//     overlap_slowdown (that needs the real collective on several GPUs).
 // Nothing here is fitted or judged: the planner does that from the file (plan/gpu_probe.h).
 //
 // Build: cmake -DEPO_GPU_PROBE=ON (needs the CUDA toolkit), or
@@ -94,6 +99,16 @@ __global__ void swiglu_backward(const __nv_bfloat16* h, const float* probs, cons
 }
 
 __global__ void empty_kernel() {}
+
+// A communication kernel's stand-in: `blocks` thread blocks (NCCL's channels, DeepEP's SMs)
+// copying `n` 16-byte words `passes` times through device memory.
+__global__ void copy_kernel(int4* dst, const int4* src, size_t n, int passes) {
+    for (int p = 0; p < passes; ++p) {
+        for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+             i += size_t{gridDim.x} * blockDim.x)
+            dst[i] = src[i];
+    }
+}
 
 struct Shape {
     int m, n, k;
@@ -319,6 +334,74 @@ int main(int argc, char** argv) {
         check_cuda(cudaStreamSynchronize(capture), "graph replays");
     }
 
+    // Compute beside communication: a forward product at m = 4096 alone and while a copy kernel
+    // of `blocks` blocks runs on another stream (as NCCL's all-to-all holds 32 SMs inside a node,
+    // DeepEP's kernels 24), and the copy alone and beside a stream of products. Each side's
+    // slowdown is its time beside the other over its time alone, minus one.
+    const size_t copy_words = size_t{64} << 20;  // 1 GiB each way
+    int4* copy_dst = device_alloc<int4>(copy_words, "cudaMalloc copy dst");
+    int4* copy_src = device_alloc<int4>(copy_words, "cudaMalloc copy src");
+    check_cuda(cudaMemset(copy_src, 0, copy_words * sizeof(int4)), "cudaMemset");
+    cudaStream_t side;
+    check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate");
+    const Shape big{4096, N, K};
+    auto events_ms = [](cudaStream_t st, auto&& enqueue) {
+        cudaEvent_t a, b;
+        check_cuda(cudaEventCreate(&a), "cudaEventCreate");
+        check_cuda(cudaEventCreate(&b), "cudaEventCreate");
+        check_cuda(cudaEventRecord(a, st), "cudaEventRecord");
+        enqueue();
+        check_cuda(cudaEventRecord(b, st), "cudaEventRecord");
+        check_cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
+        float ms = 0;
+        check_cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+        return static_cast<double>(ms);
+    };
+    check_cublas(cublasSetStream(handle, 0), "cublasSetStream");
+    auto gemms = [&](int count) {
+        for (int i = 0; i < count; ++i)
+            forward(big);
+    };
+    std::vector<double> compute_slowdown[2], comm_slowdown[2];
+    const int block_counts[2] = {32, 24};
+    for (int r = 0; r < rounds; ++r) {
+        for (int b = 0; b < 2; ++b) {
+            const int blocks_b = block_counts[b];
+            const int count = 20;
+            const double gemm_alone = events_ms(0, [&] { gemms(count); });
+            // The copy, long enough to cover the products: sized from its own time alone.
+            const double copy_one = events_ms(side, [&] {
+                copy_kernel<<<blocks_b, 1024, 0, side>>>(copy_dst, copy_src, copy_words, 1);
+            });
+            const int passes = std::max(1, static_cast<int>(3 * gemm_alone / copy_one) + 1);
+            copy_kernel<<<blocks_b, 1024, 0, side>>>(copy_dst, copy_src, copy_words, passes);
+            const double gemm_beside = events_ms(0, [&] { gemms(count); });
+            check_cuda(cudaStreamSynchronize(side), "copy beside products");
+            compute_slowdown[b].push_back(gemm_beside / gemm_alone - 1);
+            // The copy beside a stream of products that outlasts it.
+            const double copy_alone = events_ms(side, [&] {
+                copy_kernel<<<blocks_b, 1024, 0, side>>>(copy_dst, copy_src, copy_words, 2);
+            });
+            gemms(std::max(1, static_cast<int>(3 * copy_alone / (gemm_alone / count)) + 1));
+            const double copy_beside = events_ms(side, [&] {
+                copy_kernel<<<blocks_b, 1024, 0, side>>>(copy_dst, copy_src, copy_words, 2);
+            });
+            check_cuda(cudaDeviceSynchronize(), "products beside a copy");
+            comm_slowdown[b].push_back(copy_beside / copy_alone - 1);
+        }
+    }
+    check_cuda(cudaGetLastError(), "the overlap kernels");
+    const double slow_compute32 = median(compute_slowdown[0]),
+                 slow_comm32 = median(comm_slowdown[0]);
+    const double slow_compute24 = median(compute_slowdown[1]),
+                 slow_comm24 = median(comm_slowdown[1]);
+    std::printf(
+        "[probe] beside a 32-block copy: products %+.0f%%, the copy beside products %+.0f%%; "
+        "24 blocks: %+.0f%%, %+.0f%%\n",
+        100 * slow_compute32, 100 * slow_comm32, 100 * slow_compute24, 100 * slow_comm24);
+
     std::string shape_list = "[";
     for (size_t i = 0; i < shapes.size(); ++i) {
         char b[64];
@@ -349,18 +432,21 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "epo-gpu-probe: --out %s: %s\n", out.c_str(), std::strerror(errno));
         return 1;
     }
-    std::fprintf(f,
-                 "{\n  \"epo_gpu_probe\": 1,\n  \"device_name\": \"%s\",\n  \"num_sms\": %d,\n"
-                 "  \"compute_capability\": \"%d.%d\",\n  \"cuda_driver\": %d,\n"
-                 "  \"cuda_runtime\": %d,\n  \"rounds\": %d,\n  \"seconds_per_measure\": %g,\n"
-                 "  \"gemm_shapes\": %s,\n  \"forward_tflops\": %s,\n  \"dgrad_tflops\": %s,\n"
-                 "  \"wgrad_tflops\": %s,\n  \"stream_tbps\": %.6g,\n"
-                 "  \"elementwise_tbps\": %.6g,\n  \"kernel_launch_us\": %.6g,\n"
-                 "  \"graph_launch_us\": %.6g\n}\n",
-                 prop.name, prop.multiProcessorCount, prop.major, prop.minor, driver, runtime,
-                 rounds, seconds, shape_list.c_str(), json_list(med[0]).c_str(),
-                 json_list(med[1]).c_str(), json_list(med[2]).c_str(), stream_tbps, swiglu_tbps,
-                 launch, graph_launch);
+    std::fprintf(
+        f,
+        "{\n  \"epo_gpu_probe\": 1,\n  \"device_name\": \"%s\",\n  \"num_sms\": %d,\n"
+        "  \"compute_capability\": \"%d.%d\",\n  \"cuda_driver\": %d,\n"
+        "  \"cuda_runtime\": %d,\n  \"rounds\": %d,\n  \"seconds_per_measure\": %g,\n"
+        "  \"gemm_shapes\": %s,\n  \"forward_tflops\": %s,\n  \"dgrad_tflops\": %s,\n"
+        "  \"wgrad_tflops\": %s,\n  \"stream_tbps\": %.6g,\n"
+        "  \"elementwise_tbps\": %.6g,\n  \"kernel_launch_us\": %.6g,\n"
+        "  \"graph_launch_us\": %.6g,\n"
+        "  \"overlap_32_blocks\": {\"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g},\n"
+        "  \"overlap_24_blocks\": {\"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g}\n}\n",
+        prop.name, prop.multiProcessorCount, prop.major, prop.minor, driver, runtime, rounds,
+        seconds, shape_list.c_str(), json_list(med[0]).c_str(), json_list(med[1]).c_str(),
+        json_list(med[2]).c_str(), stream_tbps, swiglu_tbps, launch, graph_launch, slow_compute32,
+        slow_comm32, slow_compute24, slow_comm24);
     if (std::fclose(f) != 0) {
         std::fprintf(stderr, "epo-gpu-probe: writing %s failed\n", out.c_str());
         return 1;
