@@ -51,6 +51,19 @@ TEST(TrainLog, IterationLineMatchesReferenceParsers) {
     EXPECT_EQ(line.rfind(" [", 0), 0u);
 }
 
+// Megatron-Core's MTPLossLoggingHelper adds "mtp_1 loss" to the iteration line; lm loss stays the
+// main model's.
+TEST(TrainLog, MtpLossFollowsLmLossOnlyWithMtp) {
+    IterationLog log{.iteration = 1, .train_iters = 2, .lm_loss = 5.5, .mtp_loss = 6.25};
+    const std::string line = format_iteration_line(log);
+    EXPECT_EQ(capture(line, kLmLoss), "5.500000000E+00");
+    const size_t lm = line.find("lm loss:"), mtp = line.find(" mtp_1 loss: 6.250000000E+00 |");
+    ASSERT_NE(mtp, std::string::npos) << line;
+    EXPECT_LT(lm, mtp);
+    log.mtp_loss.reset();
+    EXPECT_EQ(format_iteration_line(log).find("mtp_"), std::string::npos);
+}
+
 TEST(TrainLog, StepTimeLineMatchesReferenceParser) {
     const std::string line = format_step_time_line(9.0912, 663.54);
     EXPECT_EQ(line, "Step Time : 9.09s GPU utilization: 663.5MODEL_TFLOP/s/GPU");
