@@ -61,12 +61,13 @@ void expect_schedules_bit_identical(const std::vector<std::string>& extra) {
     EXPECT_LT(a.mtp_losses.back(), a.mtp_losses.front());
     EXPECT_GT(a.mtp_losses.front(), 0.0);
     if (comm::current_world_rank() == 0) {
-        std::printf("MTP: lm loss %.4f -> %.4f, mtp_1 loss %.4f -> %.4f; peak activation bytes "
-                    "baseline %lld, overlap %lld, overlap+delayed %lld\n",
-                    a.losses.front(), a.losses.back(), a.mtp_losses.front(), a.mtp_losses.back(),
-                    static_cast<long long>(a.peak_activation_bytes),
-                    static_cast<long long>(b.peak_activation_bytes),
-                    static_cast<long long>(c.peak_activation_bytes));
+        std::printf(
+            "MTP: lm loss %.4f -> %.4f, mtp_1 loss %.4f -> %.4f; peak activation bytes "
+            "baseline %lld, overlap %lld, overlap+delayed %lld\n",
+            a.losses.front(), a.losses.back(), a.mtp_losses.front(), a.mtp_losses.back(),
+            static_cast<long long>(a.peak_activation_bytes),
+            static_cast<long long>(b.peak_activation_bytes),
+            static_cast<long long>(c.peak_activation_bytes));
     }
 }
 
@@ -89,12 +90,11 @@ TEST(MtpTrainer, TiedEmbeddingsAndBucketedReductionAreBitIdenticalToBaseline) {
 TEST(MtpTrainer, ZeroScalingFactorTrainsTheMainModelAsWithoutMtp) {
     const std::vector<std::string> kNoAux = {"model.moe_aux_loss_coeff=0",
                                              "model.moe_z_loss_coeff=null"};
-    const config::Config off = epo::testing::run_config(
-        "tiny-moe", [&] {
-            std::vector<std::string> o = mtp_overrides(comm::current_world_size(), kNoAux);
-            o.push_back("model.mtp_num_layers=null");
-            return o;
-        }());
+    const config::Config off = epo::testing::run_config("tiny-moe", [&] {
+        std::vector<std::string> o = mtp_overrides(comm::current_world_size(), kNoAux);
+        o.push_back("model.mtp_num_layers=null");
+        return o;
+    }());
     std::vector<std::string> zero_factor = kNoAux;
     zero_factor.push_back("model.mtp_loss_scaling_factor=0");
     const config::Config zero = mtp_config(zero_factor);
