@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "epo/comm/mpi_runtime.h"
+#include "epo/train/memory_plan.h"
 #include "train_test_util.h"
 
 namespace epo::train {
@@ -83,6 +84,50 @@ TEST(MtpTrainer, PairedEdgesAndMoeChunksAreBitIdenticalToBaseline) {
 TEST(MtpTrainer, TiedEmbeddingsAndBucketedReductionAreBitIdenticalToBaseline) {
     expect_schedules_bit_identical({"model.share_embeddings_and_output_weights=true",
                                     "ddp.overlap_grad_reduce=true", "ddp.bucket_size=40000"});
+}
+
+// The memory plan (train/memory_plan.h) counts the MTP: against a model without MTP of as many
+// layers (the MTP layer counts as one), its estimate grows by model::mtp_saved_bytes per
+// micro-batch in flight and its parameters by the prologue's; it stays above the trainer's
+// metered peak (baseline and overlap).
+TEST(MtpTrainer, MemoryPlanCountsTheMtp) {
+    std::vector<std::string> no_mtp = mtp_overrides(comm::current_world_size(), {});
+    no_mtp.push_back("model.mtp_num_layers=null");
+    no_mtp.push_back("model.num_layers=3");
+    for (const char* overlap : {"false", "true"}) {
+        SCOPED_TRACE(overlap);
+        const std::string o =
+            std::string("comm_overlap.overlap_moe_expert_parallel_comm=") + overlap;
+        std::vector<std::string> plain = no_mtp;
+        plain.push_back(o);
+        const config::Config cfg[2] = {epo::testing::run_config("tiny-moe", plain),
+                                       mtp_config({o})};
+        config::MemoryEstimate m[2];
+        int64_t peak[2] = {};
+        for (int i = 0; i < 2; ++i) {
+            Trainer trainer(cfg[i]);
+            peak[i] = testing::record_run(trainer, 2).peak_activation_bytes;
+            m[i] = estimate_run_memory(cfg[i]);
+            int64_t param_bytes = 0;
+            for (Param* p : trainer.model().all_params())
+                param_bytes += p->master.numel() * 4;
+            EXPECT_EQ(m[i].gradients, param_bytes);
+            EXPECT_GT(m[i].activations, peak[i]);
+        }
+        const model::GptShape s = model::gpt_shape_from_config(cfg[1], 1, 0);
+        EXPECT_EQ(m[1].activations - m[0].activations,
+                  m[1].micro_batches_in_flight *
+                      model::mtp_saved_bytes(s.tokens(), s.hidden, s.vocab, 2));
+        const int64_t H = s.hidden;
+        EXPECT_EQ(m[1].gradients - m[0].gradients, 4 * (3 * H + 2 * H * H));
+        if (comm::current_world_rank() == 0) {
+            std::printf(
+                "overlap %s: activations estimated / metered: no MTP (3 layers) %lld / "
+                "%lld, MTP %lld / %lld\n",
+                overlap, static_cast<long long>(m[0].activations), static_cast<long long>(peak[0]),
+                static_cast<long long>(m[1].activations), static_cast<long long>(peak[1]));
+        }
+    }
 }
 
 // Without router losses: the MTP layer's router aux loss has its own coefficient (as in

@@ -113,6 +113,22 @@ TEST(Flops, MoeLayersCountTopKExpertsAndSharedExpert) {
     EXPECT_DOUBLE_EQ(model_flops(s, 3), model_flops(dense_equivalent, 3));
 }
 
+TEST(Flops, MtpAddsItsNormsProjectionAndOutputLayer) {
+    // The MTP's transformer layer is one of num_layers; D = 1 adds 6 (3 H + 2 H^2) for its norms
+    // and eh_proj and 6 H V for its output layer per token: H 4, V 10, S 4.
+    FlopsShape s{.num_layers = 3,
+                 .hidden_size = 4,
+                 .ffn_hidden_size = 8,
+                 .num_attention_heads = 2,
+                 .num_query_groups = 2,
+                 .kv_channels = 2,
+                 .seq_length = 4,
+                 .vocab_size = 10};
+    const double without = model_flops(s, 2);
+    s.mtp_num_layers = 1;
+    EXPECT_DOUBLE_EQ(model_flops(s, 2) - without, 2 * 4 * 6.0 * ((3 * 4 + 2 * 16) + 4 * 10));
+}
+
 TEST(Flops, MlaCountsItsProjectionsAndCoreAttentionByHand) {
     // One MLA layer, no MLP or vocabulary: H 8, N 2, Rq 4, Rkv 3, Dn 2, Dr 2, Dv 3, S 4.
     // q: 4 (8 + 2 x 4 + 1) = 68; kv: 3 (8 + 2 x 5 + 1) + 8 x 2 = 73; proj: 2 x 3 x 8 = 48;

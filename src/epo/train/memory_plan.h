@@ -9,7 +9,8 @@
 //                (experts) when the optimizer is distributed
 //   activations  the peak over the stage's call list of the units alive: a (micro-batch, model
 //                chunk) unit holds its chunk's layers' activations, the output state if its
-//                chunk holds the output position, and the two gradient hand-offs, from its first
+//                chunk holds the output position (and the MTP's tensors, model/mtp.h, if it
+//                holds the MTP layer), and the two gradient hand-offs, from its first
 //                model call to its last (a received activation waiting for its unit's first
 //                node, one (T, H) tensor, is left out)
 //   scratch, runtime  as config/memory_estimate.h
