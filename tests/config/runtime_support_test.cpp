@@ -26,7 +26,7 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
         {"RT003", [](Config& c) { c.model.context_parallel_size = 2; }},
         {"RT004", [](Config& c) { c.model.expert_tensor_parallel_size = 2; }},
         {"RT005", [](Config& c) { c.model.sequence_parallel = true; }},
-        {"RT006", [](Config& c) { c.model.mtp_num_layers = 1; }},
+        {"RT006", [](Config& c) { c.model.mtp_num_layers = 2; }},
         {"RT007", [](Config& c) { c.model.multi_latent_attention = true; }},
         {"RT008", [](Config& c) { c.model.recompute_granularity = RecomputeGranularity::kFull; }},
         {"RT009",
@@ -84,6 +84,18 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.rope_type = "yarn";
          }},
         {"RT036", [](Config& c) { c.optimizer.overlap_param_gather_with_optimizer_step = true; }},
+        {"RT037",
+         [](Config& c) {
+             c.model.pipeline_model_parallel_size = 2;
+             c.model.mtp_num_layers = 1;
+         }},
+        {"RT038",
+         [](Config& c) {
+             c.model.mtp_num_layers = 1;
+             c.model.recompute_granularity = RecomputeGranularity::kFull;
+             c.model.recompute_method = RecomputeMethod::kUniform;
+             c.model.recompute_num_layers = 1;
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -190,8 +202,19 @@ TEST(RuntimeSupport, CurrentRuntimeRunsFullAndSelectiveRecomputeButNotTheMoeModu
     EXPECT_TRUE(findings(std::nullopt, std::vector<M>{M::kMoe}).empty());
 }
 
+TEST(RuntimeSupport, CurrentRuntimeRunsOneMtpLayerWithoutPipelineStages) {
+    Config c = make_recipe("tiny-moe");
+    c.model.mtp_num_layers = 1;
+    EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    c.model.mtp_num_layers = 2;
+    const auto two = runtime_findings(c, RuntimeCapabilities::current());
+    ASSERT_EQ(runtime_ids(two), std::vector<std::string>{"RT006"});
+    EXPECT_EQ(two[0].field, "model.mtp_num_layers");
+    EXPECT_EQ(two[0].value, "2");
+}
+
 TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageTiedPipelinesAndYarn) {
-    for (const char* id : {"RT027", "RT028", "RT033", "RT035"}) {
+    for (const char* id : {"RT027", "RT028", "RT033", "RT035", "RT037", "RT038"}) {
         SCOPED_TRACE(id);
         Config c = make_recipe("tiny-moe");
         uses().at(id)(c);

@@ -13,7 +13,8 @@
 namespace epo::model {
 namespace {
 
-GptShape tiny_shape(bool moe_first, bool shared_expert, bool tie) {
+GptShape tiny_shape(bool moe_first, bool shared_expert, bool tie, bool mtp = false,
+                    bool moe_last = true) {
     GptShape s;
     s.num_layers = 2;
     s.hidden = 16;
@@ -30,7 +31,7 @@ GptShape tiny_shape(bool moe_first, bool shared_expert, bool tie) {
     s.norm_eps = 1e-6f;
     s.init_std = 0.3f;
     s.ffn_hidden = 24;
-    s.moe_layers = {moe_first, true};
+    s.moe_layers = {moe_first, moe_last};
     s.moe.hidden_size = 16;
     s.moe.num_experts = 4;
     s.moe.topk = 2;
@@ -41,6 +42,13 @@ GptShape tiny_shape(bool moe_first, bool shared_expert, bool tie) {
     s.moe.precision = moe::Precision::kFp32;
     s.tie_embeddings = tie;
     s.compute_dtype = DType::kF32;
+    if (mtp) {
+        // The MTP layer (layer 2) takes the decoder's last layer's kind.
+        s.num_layers = 3;
+        s.moe_layers.push_back(moe_last);
+        s.mtp_num_layers = 1;
+        s.mtp_loss_scale = 0.3f;
+    }
     return s;
 }
 
@@ -78,7 +86,7 @@ struct Harness {
         }
         double objective = 0;
         for (const MicroBatchResult& r : model.results())
-            objective += r.lm_loss / num_mb;
+            objective += (r.lm_loss + model.shape().mtp_loss_scale * r.mtp_loss) / num_mb;
         for (const LayerStepStats& s : model.layer_stats()) {
             objective += (s.aux_loss + s.z_loss) / num_mb;
         }
@@ -108,6 +116,17 @@ void check_all_gradients(const GptShape& shape) {
 
 TEST(GptModel, GradientsMatchFiniteDifferencesDenseAndMoeLayers) {
     check_all_gradients(tiny_shape(/*moe_first=*/false, /*shared=*/true, /*tie=*/false));
+}
+
+// Multi-token prediction: every gradient (the prologue's, the MTP layer's, the shared embedding's
+// and output layer's) is that of lm loss + mtp_loss_scale * mtp loss.
+TEST(GptModel, GradientsMatchFiniteDifferencesWithDenseMtp) {
+    check_all_gradients(tiny_shape(/*moe_first=*/true, /*shared=*/true, /*tie=*/false, true,
+                                   /*moe_last=*/false));
+}
+
+TEST(GptModel, GradientsMatchFiniteDifferencesWithMtpTiedEmbeddings) {
+    check_all_gradients(tiny_shape(/*moe_first=*/true, /*shared=*/false, /*tie=*/true, true));
 }
 
 TEST(GptModel, GradientsMatchFiniteDifferencesAllMoeTiedEmbeddings) {

@@ -51,6 +51,19 @@ TEST(TrainLog, IterationLineMatchesReferenceParsers) {
     EXPECT_EQ(line.rfind(" [", 0), 0u);
 }
 
+// Megatron-Core's MTPLossLoggingHelper adds "mtp_1 loss" to the iteration line; lm loss stays the
+// main model's.
+TEST(TrainLog, MtpLossFollowsLmLossOnlyWithMtp) {
+    IterationLog log{.iteration = 1, .train_iters = 2, .lm_loss = 5.5, .mtp_loss = 6.25};
+    const std::string line = format_iteration_line(log);
+    EXPECT_EQ(capture(line, kLmLoss), "5.500000000E+00");
+    const size_t lm = line.find("lm loss:"), mtp = line.find(" mtp_1 loss: 6.250000000E+00 |");
+    ASSERT_NE(mtp, std::string::npos) << line;
+    EXPECT_LT(lm, mtp);
+    log.mtp_loss.reset();
+    EXPECT_EQ(format_iteration_line(log).find("mtp_"), std::string::npos);
+}
+
 TEST(TrainLog, StepTimeLineMatchesReferenceParser) {
     const std::string line = format_step_time_line(9.0912, 663.54);
     EXPECT_EQ(line, "Step Time : 9.09s GPU utilization: 663.5MODEL_TFLOP/s/GPU");
@@ -98,6 +111,22 @@ TEST(Flops, MoeLayersCountTopKExpertsAndSharedExpert) {
     dense_equivalent.num_moe_layers = 0;
     dense_equivalent.ffn_hidden_size = 3 * 6;
     EXPECT_DOUBLE_EQ(model_flops(s, 3), model_flops(dense_equivalent, 3));
+}
+
+TEST(Flops, MtpAddsItsNormsProjectionAndOutputLayer) {
+    // The MTP's transformer layer is one of num_layers; D = 1 adds 6 (3 H + 2 H^2) for its norms
+    // and eh_proj and 6 H V for its output layer per token: H 4, V 10, S 4.
+    FlopsShape s{.num_layers = 3,
+                 .hidden_size = 4,
+                 .ffn_hidden_size = 8,
+                 .num_attention_heads = 2,
+                 .num_query_groups = 2,
+                 .kv_channels = 2,
+                 .seq_length = 4,
+                 .vocab_size = 10};
+    const double without = model_flops(s, 2);
+    s.mtp_num_layers = 1;
+    EXPECT_DOUBLE_EQ(model_flops(s, 2) - without, 2 * 4 * 6.0 * ((3 * 4 + 2 * 16) + 4 * 10));
 }
 
 TEST(Flops, MlaCountsItsProjectionsAndCoreAttentionByHand) {

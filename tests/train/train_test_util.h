@@ -40,6 +40,7 @@ inline std::vector<std::string> tiny_shape_overrides() {
 // What the trainer tests compare between runs.
 struct RunRecord {
     std::vector<double> losses, grad_norms;
+    std::vector<double> mtp_losses;          // 0 per step without multi-token prediction
     std::vector<std::vector<float>> params;  // final fp32 master weights, whole on every rank
     int64_t peak_activation_bytes = 0;       // largest over the steps
 };
@@ -50,6 +51,7 @@ inline RunRecord record_run(train::Trainer& trainer, int steps) {
     for (int i = 0; i < steps; ++i) {
         const train::StepResult s = trainer.step();
         r.losses.push_back(s.lm_loss);
+        r.mtp_losses.push_back(s.mtp_loss.value_or(0.0));
         r.grad_norms.push_back(s.grad_norm);
         r.peak_activation_bytes = std::max(r.peak_activation_bytes, s.peak_activation_bytes);
     }
@@ -73,6 +75,7 @@ inline RunRecord record_run(const config::Config& cfg, int steps,
 // Losses, grad norms and final fp32 parameters equal bit for bit.
 inline void expect_bit_identical(const RunRecord& a, const RunRecord& b) {
     EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.mtp_losses, b.mtp_losses);
     EXPECT_EQ(a.grad_norms, b.grad_norms);
     ASSERT_EQ(a.params.size(), b.params.size());
     for (size_t i = 0; i < a.params.size(); ++i) {

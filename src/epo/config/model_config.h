@@ -124,6 +124,9 @@ struct ModelConfig {
     std::optional<std::vector<RecomputeModule>> recompute_modules;
 
     std::optional<int> mtp_num_layers;  // multi-token prediction layers; null: none
+    // The MTP loss's weight in the objective: each MTP layer's loss enters it times
+    // mtp_loss_scaling_factor / mtp_num_layers (Megatron-Core's default 0.1).
+    double mtp_loss_scaling_factor = 0.1;
     bool gradient_accumulation_fusion = false;
 
     // CUDA graphs: the implementation, the graphed modules, and the legacy scope spelling.
@@ -216,6 +219,7 @@ struct ModelConfig {
         v("recompute_num_layers", s.recompute_num_layers, positive);
         v("recompute_modules", s.recompute_modules);
         v("mtp_num_layers", s.mtp_num_layers, Limits::at_least(0));
+        v("mtp_loss_scaling_factor", s.mtp_loss_scaling_factor, Limits::at_least(0));
         v("gradient_accumulation_fusion", s.gradient_accumulation_fusion);
         v("cuda_graph_impl", s.cuda_graph_impl);
         v("cuda_graph_modules", s.cuda_graph_modules);

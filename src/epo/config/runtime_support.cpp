@@ -49,10 +49,12 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             // The layouts of it that do not run have ids of their own (RT027, RT028, RT033).
+             // The layouts of it that do not run have ids of their own (RT027, RT028, RT033,
+             // RT037).
              return when(
                  c.model.pipeline_model_parallel_size > 1 &&
-                     !c.model.share_embeddings_and_output_weights && !interleaved_partial_group(c),
+                     !c.model.share_embeddings_and_output_weights &&
+                     !interleaved_partial_group(c) && c.model.mtp_num_layers.value_or(0) == 0,
                  "model.pipeline_model_parallel_size", show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
@@ -72,12 +74,14 @@ const std::vector<FeatureRow>& rows() {
         {{"RT005", "sequence parallelism", &RC::sequence_parallel},
          [](C c) { return when(c.model.sequence_parallel, "model.sequence_parallel", "true"); },
          "set model.sequence_parallel=false"},
-        {{"RT006", "multi-token prediction", &RC::multi_token_prediction},
+        // One MTP layer runs (model/mtp.h); a chain of them does not.
+        {{"RT006", "multi-token prediction with more than one MTP layer",
+          &RC::multi_token_prediction},
          [](C c) {
-             return when(c.model.mtp_num_layers.value_or(0) > 0, "model.mtp_num_layers",
+             return when(c.model.mtp_num_layers.value_or(0) > 1, "model.mtp_num_layers",
                          show(c.model.mtp_num_layers));
          },
-         "set model.mtp_num_layers=null"},
+         "set model.mtp_num_layers=1 (or null)"},
         {{"RT007", "multi-latent attention", &RC::multi_latent_attention},
          [](C c) {
              // With a rope type other than plain rope it has an id of its own (RT034).
@@ -314,6 +318,27 @@ const std::vector<FeatureRow>& rows() {
          "set optimizer.overlap_param_gather_with_optimizer_step=false (with a comm_overlap "
          "section: comm_overlap.overlap_param_gather_with_optimizer_step=false); the epo runtime "
          "gathers in the next step's first forward (ddp.overlap_param_gather)"},
+        // The MTP layer sits on the last stage and looks up the shifted tokens in the embedding,
+        // which lives on stage 0; the runtime shares no embedding between stages (as RT028).
+        {{"RT037",
+          "multi-token prediction with pipeline parallelism (the MTP on the last stage needs "
+          "stage 0's embedding)",
+          &RC::pipeline_mtp},
+         [](C c) {
+             return when(
+                 c.model.mtp_num_layers.value_or(0) > 0 && c.model.pipeline_model_parallel_size > 1,
+                 "model.mtp_num_layers", show(c.model.mtp_num_layers));
+         },
+         "set model.pipeline_model_parallel_size=1, or model.mtp_num_layers=null"},
+        // Full recompute groups would take in the MTP layer, whose forward reads the decoder's
+        // output and the shifted tokens' embedding: that pairing is not built or tested.
+        {{"RT038", "multi-token prediction with full recompute", &RC::full_recompute_mtp},
+         [](C c) {
+             return when(c.model.mtp_num_layers.value_or(0) > 0 &&
+                             c.model.recompute_granularity == RecomputeGranularity::kFull,
+                         "model.recompute_granularity", "full");
+         },
+         "use model.recompute_granularity=selective, or model.mtp_num_layers=null"},
     };
     return table;
 }

@@ -26,7 +26,7 @@ struct RuntimeCapabilities {
     bool context_parallel = false;             // RT003
     bool expert_tensor_parallel = false;       // RT004
     bool sequence_parallel = false;            // RT005
-    bool multi_token_prediction = false;       // RT006
+    bool multi_token_prediction = false;       // RT006 (more than one MTP layer; one runs)
     bool multi_latent_attention = false;       // RT007
     bool full_recompute = false;               // RT008 (runs now)
     bool fp16 = false;                         // RT009
@@ -54,6 +54,8 @@ struct RuntimeCapabilities {
     bool recompute_moe_mla = false;            // RT034 (the moe / mla_up_proj modules)
     bool mla_yarn_rope = false;                // RT035
     bool param_gather_with_optimizer = false;  // RT036
+    bool pipeline_mtp = false;                 // RT037
+    bool full_recompute_mtp = false;           // RT038
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -45,6 +45,17 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
     s.init_std = static_cast<float>(m.init_method_std);
     s.ffn_hidden = config::ffn_hidden_size(m);
     s.moe_layers = config::moe_layer_pattern(m);
+    // Multi-token prediction: the MTP's transformer layer is one more layer position, with the
+    // decoder's last layer's kind (Megatron-Core's MTP block takes that layer's spec).
+    s.mtp_num_layers = m.mtp_num_layers.value_or(0);
+    if (s.mtp_num_layers > 0) {
+        s.mtp_loss_scale =
+            static_cast<float>(m.mtp_loss_scaling_factor / static_cast<double>(s.mtp_num_layers));
+        const bool last_is_moe = !s.moe_layers.empty() && s.moe_layers.back();
+        for (int64_t i = 0; i < s.mtp_num_layers; ++i)
+            s.moe_layers.push_back(last_is_moe);
+        s.num_layers += s.mtp_num_layers;
+    }
     if (config::is_moe(m))
         s.moe = moe::moe_config_from(m);
     s.ep_size = ep_size;
@@ -68,6 +79,8 @@ GptShape gpt_shape_from_config(const config::Config& cfg, int ep_size, int ep_ra
             for (const config::ModelChunk& c : stage)
                 out.push_back(LayerRange{c.first_layer, c.first_layer + c.num_layers});
         }
+        // The MTP layers follow the decoder's last layer on the last stage (the layout's 'm').
+        s.pipeline_chunks.back().back().end += s.mtp_num_layers;
     }
     if (m.recompute_granularity == config::RecomputeGranularity::kFull) {
         // Groups per model chunk, as Megatron-Core's TransformerBlock counts its own layers.

@@ -79,6 +79,7 @@ void StatePool<State>::account(State* s) {
 template class StatePool<LayerState>;
 template class StatePool<OutputState>;
 template class StatePool<HandoffState>;
+template class StatePool<MtpState>;
 
 GptModel::GptModel(const GptShape& shape)
     : shape_(shape),
@@ -98,11 +99,14 @@ GptModel::GptModel(const GptShape& shape)
               shape.pipeline_chunks.size());
     EPO_CHECK(shape.pipeline_size == 1 || !shape.tie_embeddings,
               "tied embeddings with pipeline parallelism (refused by RT027)");
-    if (shape.holds(-1)) {
+    EPO_CHECK(shape.mtp_num_layers == 0 ||
+                  (shape.mtp_num_layers == 1 && shape.num_layers >= 2 && shape.pipeline_size == 1),
+              "{} MTP layer(s) in {} layers with PP {} (one MTP layer after at least one decoder "
+              "layer, without pipeline stages: RT006, RT037)",
+              shape.mtp_num_layers, shape.num_layers, shape.pipeline_size);
+    if (shape.holds(-1))
         embedding_ =
             make_param("embedding.word_embeddings.weight", {shape.vocab, shape.hidden}, cd);
-        dense_params_.push_back(&embedding_);
-    }
     for (int64_t l = 0; l < shape.num_layers; ++l) {
         LayerShape s{.hidden = shape.hidden,
                      .tokens = shape.tokens(),
@@ -123,24 +127,27 @@ GptModel::GptModel(const GptShape& shape)
     layers_.reserve(static_cast<size_t>(shape.num_layers));
     // Another stage's layers stay empty (no memory), in their place so that indices are global.
     for (int64_t l = 0; l < shape.num_layers; ++l) {
-        layers_.push_back(shape.holds(l) ? make_layer_params(layer_shapes_[l],
-                                                             fmt::format("decoder.layers.{}.", l))
+        // Megatron-Core's names: the MTP's transformer layer is "mtp.layers.0.mtp_model_layer.".
+        const std::string prefix = shape.is_mtp_layer(l) ? "mtp.layers.0.mtp_model_layer."
+                                                         : fmt::format("decoder.layers.{}.", l);
+        layers_.push_back(shape.holds(l) ? make_layer_params(layer_shapes_[l], prefix)
                                          : LayerParams{});
     }
     bool any_moe = false;
-    for (int64_t l = 0; l < shape.num_layers; ++l) {
-        if (!shape.holds(l))
-            continue;
-        collect_layer_params(layer_shapes_[l], layers_[l], dense_params_, expert_params_);
-        any_moe |= layer_shapes_[l].is_moe;
-    }
+    for (int64_t l = 0; l < shape.num_layers; ++l)
+        any_moe |= shape.holds(l) && layer_shapes_[l].is_moe;
     if (shape.holds(shape.num_layers)) {
         final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, DType::kF32);
-        dense_params_.push_back(&final_norm_);
-        if (!shape.tie_embeddings) {
+        if (!shape.tie_embeddings)
             output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);
-            dense_params_.push_back(&output_);
-        }
+    }
+    if (shape.mtp_num_layers > 0)
+        mtp_ = make_mtp_params(shape.hidden, cd);
+    // Listed position by position (params_at), in the order the forward reaches them.
+    for (int position = -1; position <= static_cast<int>(shape.num_layers); ++position) {
+        const PositionParams p = params_at(position);
+        dense_params_.insert(dense_params_.end(), p.dense.begin(), p.dense.end());
+        expert_params_.insert(expert_params_.end(), p.expert.begin(), p.expert.end());
     }
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
     if (any_moe) {
@@ -162,11 +169,19 @@ GptModel::PositionParams GptModel::params_at(int position) {
     if (position < 0) {
         out.dense.push_back(&embedding_);
     } else if (position >= shape_.num_layers) {
-        out.dense.push_back(&final_norm_);
+        if (shape_.mtp_num_layers == 0)
+            out.dense.push_back(&final_norm_);
         if (!shape_.tie_embeddings)
             out.dense.push_back(&output_);
     } else {
         const auto l = static_cast<size_t>(position);
+        // The MTP layer's position runs the decoder's final norm and the MTP's own weights (its
+        // final norm runs in the output position, whose backward comes first).
+        if (shape_.is_mtp_layer(position)) {
+            out.dense.push_back(&final_norm_);
+            for (Param* p : mtp_param_list(mtp_))
+                out.dense.push_back(p);
+        }
         collect_layer_params(layer_shapes_[l], layers_[l], out.dense, out.expert);
     }
     return out;
@@ -174,7 +189,8 @@ GptModel::PositionParams GptModel::params_at(int position) {
 
 void GptModel::init_weights(uint64_t seed) {
     const float std = shape_.init_std;
-    const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_layers));
+    // Megatron-Core scales by the decoder's layer count; the MTP layer uses the same config.
+    const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_decoder_layers()));
     if (shape_.holds(-1))
         init_normal(embedding_, seed, std);
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
@@ -222,6 +238,12 @@ void GptModel::init_weights(uint64_t seed) {
             init_normal(p.moe.shared.fc2, seed, out_std);
         }
     }
+    if (shape_.mtp_num_layers > 0) {
+        init_ones(mtp_.enorm);
+        init_ones(mtp_.hnorm);
+        init_normal(mtp_.eh_proj, seed, std);
+        init_ones(mtp_.final_norm);
+    }
     if (!shape_.holds(shape_.num_layers))
         return;
     init_ones(final_norm_);
@@ -240,6 +262,16 @@ void GptModel::begin_step(std::vector<std::vector<int32_t>> tokens,
     step_labels_ = std::move(labels);
     loss_grad_scale_ = loss_grad_scale;
     results_.assign(step_tokens_.size(), MicroBatchResult{});
+    step_mtp_tokens_.clear();
+    step_mtp_labels_.clear();
+    if (shape_.mtp_num_layers > 0) {
+        // The rolled-in token of a sequence's last position is 0 (its label is masked).
+        for (size_t mb = 0; mb < step_tokens_.size(); ++mb) {
+            step_mtp_tokens_.push_back(mtp_shift(step_tokens_[mb], shape_.seq_length, 0));
+            step_mtp_labels_.push_back(mtp_shift(step_labels_[mb], shape_.seq_length, 0));
+        }
+        mtp_mask_ = mtp_loss_mask(shape_.tokens(), shape_.seq_length);
+    }
     for (LayerStepStats& s : layer_stats_) {
         s = LayerStepStats{};
         s.routed_counts.assign(static_cast<size_t>(shape_.moe.num_experts), 0);
@@ -260,7 +292,8 @@ int GptModel::num_in_flight() const {
         const auto used = [](const auto& v) {
             return std::any_of(v.begin(), v.end(), [](const auto* s) { return s != nullptr; });
         };
-        n += used(m.layers) || used(m.x) || used(m.dx) || m.output != nullptr;
+        n += used(m.layers) || used(m.x) || used(m.dx) || m.output != nullptr || m.mtp != nullptr ||
+             m.mtp_embed != nullptr || m.d_mtp_embed != nullptr;
     }
     return n;
 }
@@ -282,6 +315,11 @@ void GptModel::release_layer(MicroBatch& m, int l) {
     LayerState*& s = m.layers[static_cast<size_t>(l)];
     layer_pool_.release(s);
     s = nullptr;
+    // The MTP layer's input u lives in the prologue's state (its wgrad may recompute from it).
+    if (shape_.is_mtp_layer(l) && m.mtp != nullptr) {
+        mtp_pool_.release(m.mtp);
+        m.mtp = nullptr;
+    }
     // Its input goes with it (the backward that needed it is done), and the gradient it
     // consumed: nothing below reads the gradient of position l + 1.
     release_handoff(m.x, l);
@@ -289,15 +327,21 @@ void GptModel::release_layer(MicroBatch& m, int l) {
 }
 
 Tensor GptModel::handoff(std::vector<HandoffState*>& slots, int position) {
-    HandoffState*& h = slots[static_cast<size_t>(position)];
+    return fill_slot(slots[static_cast<size_t>(position)], position);
+}
+
+void GptModel::release_handoff(std::vector<HandoffState*>& slots, int position) {
+    release_slot(slots[static_cast<size_t>(position)]);
+}
+
+Tensor GptModel::fill_slot(HandoffState*& h, int position) {
     EPO_CHECK(h == nullptr, "hand-off tensor of position {} written twice", position);
     h = handoff_pool_.acquire();
     h->t = h->arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
     return h->t;
 }
 
-void GptModel::release_handoff(std::vector<HandoffState*>& slots, int position) {
-    HandoffState*& h = slots[static_cast<size_t>(position)];
+void GptModel::release_slot(HandoffState*& h) {
     if (h != nullptr) {
         handoff_pool_.release(h);
         h = nullptr;
@@ -317,6 +361,12 @@ void GptModel::account(MicroBatch& m) {
                 handoff_pool_.account(h);
         }
     }
+    for (HandoffState* h : {m.mtp_embed, m.d_mtp_embed}) {
+        if (h != nullptr)
+            handoff_pool_.account(h);
+    }
+    if (m.mtp != nullptr)
+        mtp_pool_.account(m.mtp);
     if (m.output != nullptr)
         output_pool_.account(m.output);
 }
@@ -324,16 +374,51 @@ void GptModel::account(MicroBatch& m) {
 void GptModel::embedding_forward(int mb, MicroBatch& m) {
     EPO_CHECK(m.x[0] == nullptr, "micro-batch {} starts while its states are still in use", mb);
     model::embedding_forward(embedding_, step_tokens_[static_cast<size_t>(mb)], handoff(m.x, 0));
+    // The MTP's embedding of the shifted tokens: here, so that the table's gradient is added in
+    // one place in one order (the embedding backward) whatever the schedule.
+    if (shape_.mtp_num_layers > 0)
+        model::embedding_forward(embedding_, step_mtp_tokens_[static_cast<size_t>(mb)],
+                                 fill_slot(m.mtp_embed, -1));
 }
 
 void GptModel::embedding_backward(int mb, MicroBatch& m) {
     model::embedding_backward(embedding_, step_tokens_[static_cast<size_t>(mb)], m.dx[0]->t);
     release_handoff(m.dx, 0);
+    if (shape_.mtp_num_layers > 0) {
+        model::embedding_backward(embedding_, step_mtp_tokens_[static_cast<size_t>(mb)],
+                                  m.d_mtp_embed->t);
+        release_slot(m.d_mtp_embed);
+    }
+}
+
+// The MTP prologue (mtp.h) of the MTP layer's input: x[L-1] is the decoder's output.
+Tensor GptModel::mtp_forward(MicroBatch& m, Arena& scratch) {
+    const auto l = static_cast<size_t>(shape_.num_layers - 1);
+    EPO_CHECK(m.mtp == nullptr && m.mtp_embed != nullptr,
+              "the MTP prologue runs with its state in use or without the embedding's e");
+    m.mtp = mtp_pool_.acquire();
+    mtp_prologue_forward(final_norm_, mtp_, shape_.norm_eps, m.x[l]->t, m.mtp_embed->t, *m.mtp,
+                         scratch);
+    return m.mtp->u;
+}
+
+void GptModel::mtp_backward(MicroBatch& m, Arena& scratch) {
+    const auto l = static_cast<size_t>(shape_.num_layers - 1);
+    MtpState& st = *m.mtp;
+    EPO_CHECK(st.dh.defined(), "the MTP prologue's backward before the output position's");
+    const Tensor de = fill_slot(m.d_mtp_embed, -1);
+    mtp_prologue_backward(final_norm_, mtp_, shape_.gradient_accumulation_fusion, m.x[l]->t,
+                          m.mtp_embed->t, st, de, handoff(m.dx, static_cast<int>(l)), scratch);
+    release_slot(m.mtp_embed);
 }
 
 // The output position: final norm, output layer (the embedding when tied) and loss.
 void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch) {
     EPO_CHECK(m.output == nullptr, "output state of micro-batch {} still in use", mb);
+    if (shape_.mtp_num_layers > 0) {
+        mtp_output_forward(mb, m, scratch);
+        return;
+    }
     m.output = output_pool_.acquire();
     OutputState& o = *m.output;
     const Tensor& x = m.x[static_cast<size_t>(shape_.num_layers)]->t;
@@ -347,6 +432,10 @@ void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch) {
 }
 
 void GptModel::output_backward(MicroBatch& m, Arena& scratch) {
+    if (shape_.mtp_num_layers > 0) {
+        mtp_output_backward(m, scratch);
+        return;
+    }
     OutputState& o = *m.output;
     Param& w = shape_.tie_embeddings ? embedding_ : output_;
     o.d_normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
@@ -358,6 +447,49 @@ void GptModel::output_backward(MicroBatch& m, Arena& scratch) {
     Tensor ws = scratch.alloc({shape_.hidden}, DType::kF32);
     rmsnorm_backward(m.x[static_cast<size_t>(last)]->t, final_norm_, o.rstd, o.d_normed, d_last,
                      ws);
+    output_pool_.release(m.output);
+    m.output = nullptr;
+    release_handoff(m.x, last);
+}
+
+// With MTP: the main head on the final norm's output h (the prologue's), the MTP head on the
+// MTP's final norm of x[L] (the MTP layer's output).
+void GptModel::mtp_output_forward(int mb, MicroBatch& m, Arena& scratch) {
+    EPO_CHECK(m.mtp != nullptr, "the output position of micro-batch {} before its MTP layer", mb);
+    m.output = output_pool_.acquire();
+    OutputState& o = *m.output;
+    const auto at = static_cast<size_t>(mb);
+    const Param& w = shape_.tie_embeddings ? embedding_ : output_;
+    o.normed = m.mtp->h;
+    results_[at].lm_loss =
+        lm_head_forward(w, o.normed, step_labels_[at], loss_grad_scale_, o.head, o.arena, scratch);
+    const Tensor& y = m.x[static_cast<size_t>(shape_.num_layers)]->t;
+    o.mtp_normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, shape_.compute_dtype);
+    o.mtp_rstd = o.arena.alloc({shape_.tokens()}, DType::kF32);
+    rmsnorm_forward(y, mtp_.final_norm, shape_.norm_eps, o.mtp_normed, o.mtp_rstd);
+    results_[at].mtp_loss = lm_head_forward(w, o.mtp_normed, step_mtp_labels_[at],
+                                            loss_grad_scale_ * shape_.mtp_loss_scale, o.mtp_head,
+                                            o.arena, scratch, mtp_mask_);
+}
+
+void GptModel::mtp_output_backward(MicroBatch& m, Arena& scratch) {
+    OutputState& o = *m.output;
+    MtpState& st = *m.mtp;
+    Param& w = shape_.tie_embeddings ? embedding_ : output_;
+    const bool fusion = shape_.gradient_accumulation_fusion;
+    // The main head's gradient of h; the prologue's backward adds the MTP's and runs the norm.
+    st.dh = st.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+    lm_head_backward_dgrad(w, o.head, st.dh);
+    lm_head_backward_wgrad(w, fusion, o.head, scratch);
+    o.d_normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+    lm_head_backward_dgrad(w, o.mtp_head, o.d_normed);
+    lm_head_backward_wgrad(w, fusion, o.mtp_head, scratch);
+    const int last = static_cast<int>(shape_.num_layers);
+    const Tensor d_last = handoff(m.dx, last);
+    d_last.fill_zero();  // rmsnorm_backward accumulates
+    Tensor ws = scratch.alloc({shape_.hidden}, DType::kF32);
+    rmsnorm_backward(m.x[static_cast<size_t>(last)]->t, mtp_.final_norm, o.mtp_rstd, o.d_normed,
+                     d_last, ws);
     output_pool_.release(m.output);
     m.output = nullptr;
     release_handoff(m.x, last);
@@ -434,7 +566,7 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
     switch (c.node) {
         case NodeKind::kPreDispatch:
             if (forward) {
-                st.x = m.x[at]->t;
+                st.x = shape_.is_mtp_layer(l) ? mtp_forward(m, *a.scratch) : m.x[at]->t;
                 pre_dispatch_forward(s, p, rope_, st, stats, a);
                 // Chunks: the chunks' combines write the output, so it exists before them
                 // (here, not from the comm stream while this micro-batch's compute nodes read
@@ -442,7 +574,16 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
                 if (s.is_moe && s.moe.num_chunks > 1)
                     output();
             } else if (c.phase == Phase::kBackward) {
-                pre_dispatch_backward(s, p, rope_, st, m.dx[at + 1]->t, handoff(m.dx, l), wgrad, a);
+                if (shape_.is_mtp_layer(l)) {
+                    // The layer's input gradient is the prologue's output gradient du.
+                    MtpState& mtp = *m.mtp;
+                    mtp.du = mtp.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+                    pre_dispatch_backward(s, p, rope_, st, m.dx[at + 1]->t, mtp.du, wgrad, a);
+                    mtp_backward(m, *a.scratch);
+                } else {
+                    pre_dispatch_backward(s, p, rope_, st, m.dx[at + 1]->t, handoff(m.dx, l), wgrad,
+                                          a);
+                }
                 if (wgrad)
                     release_layer(m, l);
             } else {

@@ -8,6 +8,12 @@
 // the output position L (final norm, output layer and loss). Between positions the activations
 // and their gradients travel in explicit hand-off tensors: x[l] is the input of position l (x[L]
 // the final norm's), dx[l] its gradient.
+// With multi-token prediction (mtp.h, GptShape::mtp_num_layers = 1) the MTP's transformer layer
+// is the last layer position, L-1: its pre_dispatch forward first runs the MTP prologue (the
+// decoder's final norm, then [enorm(e), hnorm(h)] projected to H), its pre_dispatch backward
+// ends with the prologue's backward; the embedding position also looks up the shifted tokens
+// (e), and the output position runs the main head on the final norm's output h (kept in the
+// micro-batch's MtpState) and the MTP head on x[L] (the MTP layer's output).
 //
 // The model runs one schedule::NodeCall at a time (run()), on whichever stream the schedule
 // put it; every micro-batch of the step has its own states, so any number of micro-batches can
@@ -33,6 +39,7 @@
 
 #include "epo/model/embedding.h"
 #include "epo/model/lm_head.h"
+#include "epo/model/mtp.h"
 #include "epo/model/transformer_layer.h"
 #include "epo/schedule/schedule.h"
 
@@ -62,6 +69,12 @@ struct GptShape {
     float init_std = 0.02f;
     int64_t ffn_hidden = 0;
     std::vector<bool> moe_layers;  // [L]
+    // Multi-token prediction (mtp.h): 0, or 1 MTP layer; then layer L-1 (counted in num_layers
+    // and moe_layers: MoE when the decoder's last layer is, as Megatron-Core's MTP layer takes the
+    // last layer's spec) is the MTP's transformer layer, and the decoder has L-1 layers. The MTP
+    // loss enters the objective times mtp_loss_scale (mtp_loss_scaling_factor / mtp_num_layers).
+    int64_t mtp_num_layers = 0;
+    float mtp_loss_scale = 0.1f;
     moe::MoeConfig moe;
     int ep_size = 1;
     int ep_rank = 0;
@@ -109,6 +122,8 @@ struct GptShape {
         return stage_of_layer(position) == pipeline_rank;
     }
     int64_t tokens() const { return micro_batch_size * seq_length; }
+    int64_t num_decoder_layers() const { return num_layers - mtp_num_layers; }
+    bool is_mtp_layer(int64_t l) const { return mtp_num_layers > 0 && l == num_layers - 1; }
     int64_t num_local_experts() const { return moe.num_experts / ep_size; }
 };
 
@@ -126,7 +141,12 @@ struct OutputState {
     Tensor normed;  // (T, H) compute dtype
     Tensor rstd;    // (T) f32
     LmHeadContext head;
-    Tensor d_normed;  // (T, H) f32 gradient of the final-norm output
+    Tensor d_normed;  // (T, H) f32 gradient of the final-norm output (with MTP: the MTP norm's)
+    // Multi-token prediction: the MTP's final norm of x[L] and its head (the main head then reads
+    // the MtpState's h, and `normed` views it).
+    Tensor mtp_normed;  // (T, H) compute dtype
+    Tensor mtp_rstd;    // (T) f32
+    LmHeadContext mtp_head;
 };
 
 // A hand-off tensor between two model positions: (T, H) f32, in an arena of its own so that a
@@ -164,7 +184,8 @@ private:
 };
 
 struct MicroBatchResult {
-    double lm_loss = 0;  // mean cross-entropy over the micro-batch's tokens
+    double lm_loss = 0;   // mean cross-entropy over the micro-batch's tokens
+    double mtp_loss = 0;  // the MTP head's, over every position but each sequence's last
 };
 
 class GptModel {
@@ -232,6 +253,12 @@ private:
         std::vector<LayerState*> layers;  // [L]
         OutputState* output = nullptr;
         std::vector<HandoffState*> x, dx;  // [L + 1] each
+        // Multi-token prediction: the prologue's activations (from the MTP layer's forward to
+        // its state's release), the shifted tokens' embedding e (from the embedding forward to
+        // the prologue's backward) and its gradient (from there to the embedding backward).
+        MtpState* mtp = nullptr;
+        HandoffState* mtp_embed = nullptr;
+        HandoffState* d_mtp_embed = nullptr;
     };
 
     MicroBatch& micro_batch(int mb);
@@ -240,6 +267,8 @@ private:
     LayerState& layer_state(MicroBatch& m, int l);                    // acquires on first use
     Tensor handoff(std::vector<HandoffState*>& slots, int position);  // acquires
     void release_handoff(std::vector<HandoffState*>& slots, int position);
+    Tensor fill_slot(HandoffState*& slot, int position);  // acquires a (T, H) f32 hand-off
+    void release_slot(HandoffState*& slot);
     void release_layer(MicroBatch& m, int l);
     // Full recompute: whether layer l is recomputed / the last layer of its group.
     bool recomputed(int l) const;
@@ -251,6 +280,12 @@ private:
     void output_forward(int mb, MicroBatch& m, Arena& scratch);
     void output_backward(MicroBatch& m, Arena& scratch);
     void run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeArgs& args);
+    // Multi-token prediction: the MTP layer's input u (runs the prologue), and the prologue's
+    // backward after the layer's pre_dispatch backward wrote st.du.
+    Tensor mtp_forward(MicroBatch& m, Arena& scratch);
+    void mtp_backward(MicroBatch& m, Arena& scratch);
+    void mtp_output_forward(int mb, MicroBatch& m, Arena& scratch);
+    void mtp_output_backward(MicroBatch& m, Arena& scratch);
 
     GptShape shape_;
     std::vector<LayerShape> layer_shapes_;
@@ -259,6 +294,7 @@ private:
     std::vector<LayerParams> layers_;
     Param final_norm_;
     Param output_;
+    MtpParams mtp_;  // with mtp_num_layers = 1
     std::vector<Param*> dense_params_, expert_params_;
     std::unique_ptr<moe::TokenDispatcher> dispatcher_;  // with MoE layers
 
@@ -267,7 +303,12 @@ private:
     StatePool<LayerState> layer_pool_{meter_};
     StatePool<OutputState> output_pool_{meter_};
     StatePool<HandoffState> handoff_pool_{meter_};
+    StatePool<MtpState> mtp_pool_{meter_};
     std::vector<std::vector<int32_t>> step_tokens_, step_labels_;
+    // Multi-token prediction: each micro-batch's tokens and labels shifted left by one, and the
+    // MTP loss's mask (every position but a sequence's last).
+    std::vector<std::vector<int32_t>> step_mtp_tokens_, step_mtp_labels_;
+    std::vector<uint8_t> mtp_mask_;
     float loss_grad_scale_ = 1.0f;
     std::vector<MicroBatchResult> results_;
     std::vector<LayerStepStats> layer_stats_;

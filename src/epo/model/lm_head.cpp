@@ -1,5 +1,6 @@
 #include "epo/model/lm_head.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -16,17 +17,26 @@ constexpr int64_t kChunk = 128;  // rows of f32 logits alive at once
 }  // namespace
 
 double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int32_t> labels,
-                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch) {
+                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch,
+                       std::span<const uint8_t> loss_mask) {
     const int64_t T = h.dim(0), V = weight.master.dim(0);
     EPO_CHECK(static_cast<int64_t>(labels.size()) == T, "{} labels for {} tokens", labels.size(),
               T);
+    EPO_CHECK(loss_mask.empty() || static_cast<int64_t>(loss_mask.size()) == T,
+              "a loss mask of {} for {} tokens", loss_mask.size(), T);
+    int64_t counted = T;
+    if (!loss_mask.empty()) {
+        counted = 0;
+        for (uint8_t m : loss_mask)
+            counted += m != 0;
+    }
     const DType cd = h.dtype();
     const size_t es = dtype_size(cd);
     ctx.h = h;
     ctx.dlogits = saved.alloc({T, V}, cd);
     Tensor logits = scratch.alloc({kChunk, V}, DType::kF32);
     std::vector<float> row(static_cast<size_t>(V));
-    const float token_scale = grad_scale / static_cast<float>(T);
+    const float token_scale = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.0f;
     double loss_sum = 0.0;
     for (int64_t begin = 0; begin < T; begin += kChunk) {
         const int64_t rows = std::min(kChunk, T - begin);
@@ -36,6 +46,12 @@ double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int
                       {.trans_b = true, .row_tiles = true});
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t t = begin + r;
+            if (!loss_mask.empty() && loss_mask[static_cast<size_t>(t)] == 0) {
+                std::fill(row.begin(), row.end(), 0.0f);
+                kernels::store_row(row.data(), static_cast<char*>(ctx.dlogits.raw()) + t * V * es,
+                                   cd, V);
+                continue;
+            }
             const int32_t label = labels[t];
             if (label < 0 || label >= V) {
                 throw Error(ErrorKind::kConfig,
@@ -55,7 +71,7 @@ double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int
                                V);
         }
     }
-    return loss_sum / static_cast<double>(T);
+    return counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
 }
 
 void lm_head_backward_dgrad(const Param& weight, const LmHeadContext& ctx, const Tensor& dh) {

@@ -9,6 +9,8 @@
 //   dgrad: dh = dlogits Wout                  (T, H) f32
 //   wgrad: dWout += dlogits^T h               (into main_grad)
 // The loss is summed in f64 in token order, so it is exact to print and compare.
+// With a loss mask (multi-token prediction: mtp.h) only the tokens it marks count: the mean and
+// the 1/T above run over them, and a masked token's dlogits row is zero (its label unread).
 //
 // Letters: T tokens, H hidden, V vocabulary.
 #pragma once
@@ -26,10 +28,12 @@ struct LmHeadContext {
     Tensor dlogits;  // (T, V) compute dtype
 };
 
-// Returns the mean loss over the T tokens. `grad_scale` is the factor the loss enters the
-// optimized objective with (1 / number of micro-batches).
+// Returns the mean loss over the T tokens (over those loss_mask marks, when given: T entries,
+// 1 = counted; none marked gives 0). `grad_scale` is the factor the loss enters the optimized
+// objective with (1 / number of micro-batches).
 double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int32_t> labels,
-                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch);
+                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch,
+                       std::span<const uint8_t> loss_mask = {});
 void lm_head_backward_dgrad(const Param& weight, const LmHeadContext& ctx, const Tensor& dh);
 void lm_head_backward_wgrad(Param& weight, bool fusion, const LmHeadContext& ctx, Arena& scratch);
 

@@ -34,8 +34,10 @@ double model_flops(const FlopsShape& s, int64_t num_samples) {
                     (q + Rkv * (H + N * (Dn + Dv) + 1.0) + H * Dr + N * Dv * H +
                      S * (N * Dq + N * Dv) / 2.0);
     }
-    const double logits = 3.0 * 2.0 * H * static_cast<double>(s.vocab_size);
-    return static_cast<double>(num_samples) * S * (mlp + attention + logits);
+    const double D = static_cast<double>(s.mtp_num_layers);
+    const double logits = 3.0 * 2.0 * H * static_cast<double>(s.vocab_size) * (1.0 + D);
+    const double mtp = 3.0 * 2.0 * D * (3.0 * H + 2.0 * H * H);
+    return static_cast<double>(num_samples) * S * (mlp + attention + logits + mtp);
 }
 
 double model_flops(const model::GptShape& s, int64_t num_samples) {
@@ -44,6 +46,7 @@ double model_flops(const model::GptShape& s, int64_t num_samples) {
         num_moe_layers += m;
     const FlopsShape flops{.num_layers = s.num_layers,
                            .num_moe_layers = num_moe_layers,
+                           .mtp_num_layers = s.mtp_num_layers,
                            .hidden_size = s.hidden,
                            .ffn_hidden_size = s.ffn_hidden,
                            .moe_ffn_hidden_size = s.moe.ffn_hidden_size,

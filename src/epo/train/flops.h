@@ -15,7 +15,11 @@
 //   6 * L * ( q + Rkv * (H + N (Dn + Dv) + 1) + H Dr + N Dv H + S (N Dq + N Dv) / 2 )
 //   q = Rq * (H + N Dq + 1), or H N Dq without q_lora_rank
 //
-// Multi-token prediction is not counted: the runtime refuses it (runtime-support checks).
+// Multi-token prediction (the reference's count): the MTP's transformer layers are counted in L
+// (and in L_moe when the decoder's last layer is MoE), and each of its D = mtp_num_layers adds
+// its norms and projection and one more output layer:
+//
+//   + B * S * ( 6 * D * (3 H + 2 H^2) + 6 * D * H * V )
 #pragma once
 
 #include <cstdint>
@@ -27,8 +31,9 @@ struct GptShape;
 namespace epo::train {
 
 struct FlopsShape {
-    int64_t num_layers = 0;
+    int64_t num_layers = 0;      // with the MTP's transformer layers
     int64_t num_moe_layers = 0;  // layers whose MLP is an MoE layer
+    int64_t mtp_num_layers = 0;  // D
     int64_t hidden_size = 0;
     int64_t ffn_hidden_size = 0;      // dense MLP
     int64_t moe_ffn_hidden_size = 0;  // one expert

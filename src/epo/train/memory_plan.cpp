@@ -36,6 +36,10 @@ config::MemoryEstimate estimate_stage_memory(const config::Config& cfg, const St
                                         a, shape.moe_layers, shape.recompute_first, r.first, r.end);
         const bool output = stage == shape.pipeline_size - 1 &&
                             std::max(chunk, 0) == shape.virtual_pipeline_size - 1;
+        // Multi-token prediction: its layer is counted above; its prologue, e and its gradient,
+        // and its head's tensors (model/mtp.h) come with the chunk holding it.
+        if (shape.mtp_num_layers > 0 && r.end == shape.num_layers)
+            bytes += model::mtp_saved_bytes(shape.tokens(), shape.hidden, shape.vocab, c);
         return bytes + (output ? a.output : 0);
     };
     // Each unit's first and last call in the stage's list.

@@ -9,9 +9,10 @@
 //                (experts) when the optimizer is distributed
 //   activations  the peak over the stage's call list of the units alive: a (micro-batch, model
 //                chunk) unit holds its chunk's layers' activations, the output state if its
-//                chunk holds the output position, and the two gradient hand-offs, from its first
-//                model call to its last (with full recompute, a recomputed group's input and
-//                the largest group's activations: config::layers_activation_bytes) (a received
+//                chunk holds the output position (and the MTP's tensors, model/mtp.h, if it
+//                holds the MTP layer), and the two gradient hand-offs, from its first model
+//                call to its last (with full recompute, a recomputed group's input and the
+//                largest group's activations: config::layers_activation_bytes) (a received
 //                activation waiting for its unit's first node, one (T, H) tensor, is left out)
 //   scratch, runtime  as config/memory_estimate.h
 #pragma once

@@ -79,10 +79,16 @@ PositionParamSizes param_sizes_at(const model::GptShape& s, int position) {
     if (position < 0) {
         out.dense.push_back(s.vocab * s.hidden);  // word embeddings
     } else if (position >= s.num_layers) {
-        out.dense.push_back(s.hidden);  // final layernorm
+        if (s.mtp_num_layers == 0)
+            out.dense.push_back(s.hidden);  // final layernorm (with MTP: the MTP layer's)
         if (!s.tie_embeddings)
             out.dense.push_back(s.vocab * s.hidden);  // output layer
     } else {
+        if (s.is_mtp_layer(position)) {
+            // decoder final layernorm, then the MTP's enorm, hnorm, eh_proj, final layernorm
+            for (int64_t n : {s.hidden, s.hidden, s.hidden, 2 * s.hidden * s.hidden, s.hidden})
+                out.dense.push_back(n);
+        }
         layer_param_sizes(s, s.moe_layers[static_cast<size_t>(position)], out);
     }
     return out;

@@ -20,8 +20,8 @@
 // positions in backward order, reduced by the last backward unit of each model chunk and gathered
 // by micro-batch 0's forward units.
 //
-// What it deliberately doesn't do: any sizes the model does not allocate (multi-latent attention
-// and MTP layers are not part of GptShape, so their parameters are not counted).
+// Multi-token prediction: the MTP's transformer layer is the shape's last layer position, and its
+// prologue's weights (with the decoder's final norm) are counted there (gpt_model.h params_at).
 #pragma once
 
 #include <cstdint>

@@ -32,6 +32,9 @@ std::string format_iteration_line(const IterationLog& log) {
     line += fmt::format(" learning rate: {:.6E} |", log.learning_rate);
     line += fmt::format(" global batch size: {:5d} |", log.global_batch_size);
     line += fmt::format(" lm loss: {:.9E} |", log.lm_loss);
+    if (log.mtp_loss) {
+        line += fmt::format(" mtp_1 loss: {:.9E} |", *log.mtp_loss);
+    }
     if (log.load_balancing_loss) {
         line += fmt::format(" load_balancing_loss: {:.9E} |", *log.load_balancing_loss);
     }

@@ -4,8 +4,8 @@
 //  [2026-11-29 12:00:00] iteration       10/     200 | consumed samples:          640 |
 //   elapsed time per iteration (ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 0.4 |
 //   learning rate: 3.000000E-04 | global batch size:    64 | lm loss: 5.123456789E+00 |
-//   load_balancing_loss: 1.000123456E+00 | loss scale: 1.0 | grad norm: 1.23456789 |
-//   number of skipped iterations:   0 | number of nan iterations:   0 |
+//   mtp_1 loss: 5.234567891E+00 | load_balancing_loss: 1.000123456E+00 | loss scale: 1.0 |
+//   grad norm: 1.23456789 | number of skipped iterations:   0 | number of nan iterations:   0 |
 //  Step Time : 0.81s GPU utilization: 0.4MODEL_TFLOP/s/GPU
 //
 // (one line each; wrapped here). The loss and grad norm carry at least nine significant digits
@@ -27,6 +27,9 @@ struct IterationLog {
     double learning_rate = 0.0;
     int64_t global_batch_size = 0;
     double lm_loss = 0.0;
+    // Multi-token prediction: the MTP layer's loss (unscaled, as Megatron-Core's
+    // MTPLossLoggingHelper logs "mtp_1 loss"), when the model has one.
+    std::optional<double> mtp_loss;
     std::optional<double> load_balancing_loss;  // summed router aux losses, when the model has them
     double grad_norm = 0.0;
     int64_t skipped_iterations = 0;

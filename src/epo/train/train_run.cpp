@@ -193,6 +193,7 @@ TrainRunResult run_training(const TrainRunOptions& options, std::ostream& log) {
                               .learning_rate = r.learning_rate,
                               .global_batch_size = gbs,
                               .lm_loss = r.lm_loss,
+                              .mtp_loss = r.mtp_loss,
                               .load_balancing_loss = r.load_balancing_loss,
                               .grad_norm = r.grad_norm};
             log << format_iteration_line(line) << "\n"

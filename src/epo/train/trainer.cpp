@@ -254,15 +254,21 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     // With stages only the last one has losses; the pipeline group's sum adds exact zeros to
     // them, so every rank gets the last stage's bits.
     const model::GptShape& s = model_->shape();
-    double lm = 0;
+    double lm = 0, mtp = 0;
     if (s.holds(s.num_layers)) {
-        for (const model::MicroBatchResult& r : model_->results())
+        for (const model::MicroBatchResult& r : model_->results()) {
             lm += r.lm_loss;
+            mtp += r.mtp_loss;
+        }
         lm /= static_cast<double>(model_->results().size());
+        mtp /= static_cast<double>(model_->results().size());
     }
     result.lm_loss = group_sum(groups.dp, lm) / groups.dp.size();
     if (groups.pp.size() > 1)
         result.lm_loss = group_sum(groups.pp, result.lm_loss);
+    // As Megatron-Core's MTPLossLoggingHelper: the micro-batch mean, averaged over DP.
+    if (s.mtp_num_layers > 0)
+        result.mtp_loss = group_sum(groups.dp, mtp) / groups.dp.size();
     int64_t num_moe_layers = 0;
     for (int64_t l = 0; l < s.num_layers; ++l)
         num_moe_layers += s.moe_layers[static_cast<size_t>(l)];

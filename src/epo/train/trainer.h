@@ -37,6 +37,7 @@ namespace epo::train {
 struct StepResult {
     int64_t step = 0;                           // optimizer step just done, from 1
     double lm_loss = 0;                         // mean over micro-batches and data-parallel ranks
+    std::optional<double> mtp_loss;             // the MTP head's loss, averaged as lm_loss
     std::optional<double> load_balancing_loss;  // mean aux loss / coeff over MoE layers
     double grad_norm = 0;                       // before clipping
     double learning_rate = 0;
