@@ -93,7 +93,9 @@ const std::vector<FeatureRow>& rows() {
         // (model/transformer_layer.h), but for the modules of RT034.
         {{"RT008", "full activation recompute (recompute_granularity=full)", &RC::full_recompute},
          [](C c) {
-             return when(c.model.recompute_granularity == RecomputeGranularity::kFull,
+             // With MTP it has an id of its own (RT038).
+             return when(c.model.recompute_granularity == RecomputeGranularity::kFull &&
+                             c.model.mtp_num_layers.value_or(0) == 0,
                          "model.recompute_granularity", "full");
          },
          "use model.recompute_granularity=selective with model.recompute_modules (core_attn, "
