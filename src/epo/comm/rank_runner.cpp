@@ -189,6 +189,17 @@ namespace {
 // The guardian's write end (rank side), -1 when none was started.
 std::atomic<int> guardian_fd{-1};
 
+// This process's parent's name (/proc/PPID/comm), "" when it cannot be read.
+std::string parent_process_name() {
+    char comm[64] = "";
+    if (FILE* f = std::fopen(fmt::format("/proc/{}/comm", ::getppid()).c_str(), "r")) {
+        if (std::fgets(comm, sizeof comm, f))
+            comm[std::strcspn(comm, "\n")] = '\0';
+        std::fclose(f);
+    }
+    return comm;
+}
+
 }  // namespace
 
 int start_launcher_watch(int launcher, std::chrono::milliseconds grace,
@@ -316,12 +327,7 @@ void abort_job(const std::string& message, int exit_status) {
     if (initialized && !finalized) {
         // Only under a launcher that can hang on a silent host (rank_runner.h).
         if (size > 1) {
-            char comm[64] = "";
-            if (FILE* f = std::fopen(fmt::format("/proc/{}/comm", ::getppid()).c_str(), "r")) {
-                if (std::fgets(comm, sizeof comm, f))
-                    comm[std::strcspn(comm, "\n")] = '\0';
-                std::fclose(f);
-            }
+            const std::string comm = parent_process_name();
             if (is_mpi_launcher_name(comm) && !rank_guardian_started()) {
                 start_launcher_watch(
                     ::getppid(), kLauncherWatchGrace,
@@ -364,12 +370,7 @@ void watched_world_call(const std::string& what, double timeout_s,
 }
 
 void guard_rank_under_launcher(int rank, int size) {
-    char comm[64] = "";
-    if (FILE* f = std::fopen(fmt::format("/proc/{}/comm", ::getppid()).c_str(), "r")) {
-        if (std::fgets(comm, sizeof comm, f))
-            comm[std::strcspn(comm, "\n")] = '\0';
-        std::fclose(f);
-    }
+    const std::string comm = parent_process_name();
     if (!is_mpi_launcher_name(comm))
         return;
     start_rank_guardian(
