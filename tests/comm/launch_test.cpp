@@ -9,6 +9,10 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
 
 #include "epo/comm/rank_runner.h"
 #include "epo/core/error.h"
@@ -121,6 +125,38 @@ TEST(Launch, RunLaunchCapturesOutputStatusAndTimeout) {
     const auto missing = run_launch({"/nonexistent/launcher"}, 30);
     EXPECT_EQ(missing.exit_status, 127);
     EXPECT_NE(missing.stderr_text.find("cannot run /nonexistent/launcher"), std::string::npos);
+}
+
+// Open MPI starts each local rank in a process group of its own: a timeout must end those too,
+// or a test job past its bound trains on (and fills the disk with checkpoints).
+TEST(Launch, RunLaunchTimeoutEndsWhatTheLauncherStartedInOtherProcessGroups) {
+    // `set -m`: bash puts each background job in a group of its own, as mpirun does.
+    // Each line: the child's pid and its process group (field 5 of /proc/PID/stat).
+    const auto r = run_launch({"bash", "-c",
+                               "set -m; for i in 1 2; do sleep 300 & "
+                               "echo $! $(cut -d' ' -f5 /proc/$!/stat); done; wait"},
+                              1.0);
+    ASSERT_TRUE(r.timed_out);
+    std::istringstream pids(r.stdout_text);
+    int count = 0;
+    for (pid_t p, group; pids >> p >> group; ++count) {
+        ASSERT_GT(p, 1);
+        EXPECT_EQ(group, p) << "the child should lead a group of its own";
+        // Gone, or at most a zombie waiting for init to reap it.
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        bool gone = false;
+        while (!gone && std::chrono::steady_clock::now() < end) {
+            std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+            std::string line;
+            gone = !std::getline(stat, line) || line.find(") Z ") != std::string::npos;
+            if (!gone)
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        EXPECT_TRUE(gone) << "pid " << p << " outlived its launcher's timeout";
+        if (!gone)
+            kill(p, SIGKILL);
+    }
+    EXPECT_EQ(count, 2) << r.stdout_text;
 }
 
 // Open MPI's teardown lines (source locations of its own code) are dropped from what a user

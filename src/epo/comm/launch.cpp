@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -402,6 +404,65 @@ int forwarded_signal() {
     return g_forwarded;
 }
 
+namespace {
+
+// The processes below `root` (children, their children, ...), from /proc. A launcher may put what
+// it starts in process groups of their own (Open MPI gives each local rank its own group), so
+// ending the launcher's group alone can leave them running.
+std::vector<pid_t> process_descendants(pid_t root) {
+    std::vector<std::pair<pid_t, pid_t>> parent_of;  // (pid, ppid)
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos)
+            continue;
+        std::ifstream in(entry.path() / "stat");
+        std::string stat;
+        std::getline(in, stat);
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so from the last ')'.
+        const size_t close = stat.rfind(')');
+        if (close == std::string::npos)
+            continue;
+        std::istringstream rest(stat.substr(close + 1));
+        std::string state;
+        long ppid = 0;
+        if (rest >> state >> ppid)
+            parent_of.emplace_back(static_cast<pid_t>(std::stol(name)), static_cast<pid_t>(ppid));
+    }
+    std::vector<pid_t> found;
+    std::vector<pid_t> frontier = {root};
+    while (!frontier.empty()) {
+        const pid_t parent = frontier.back();
+        frontier.pop_back();
+        for (const auto& [pid, ppid] : parent_of) {
+            if (ppid == parent && std::find(found.begin(), found.end(), pid) == found.end()) {
+                found.push_back(pid);
+                frontier.push_back(pid);
+            }
+        }
+    }
+    return found;
+}
+
+// Ends the launcher `pid`, its process group and every process below it: SIGTERM, 2 s, SIGKILL.
+// The tree is read before the launcher goes, while what it started is still its descendants.
+void end_launch_tree(pid_t pid) {
+    std::vector<pid_t> tree = process_descendants(pid);
+    kill(-pid, SIGTERM);
+    for (const pid_t p : tree)
+        kill(p, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    for (const pid_t p : process_descendants(pid)) {
+        if (std::find(tree.begin(), tree.end(), p) == tree.end())
+            tree.push_back(p);
+    }
+    kill(-pid, SIGKILL);
+    for (const pid_t p : tree)
+        kill(p, SIGKILL);
+}
+
+}  // namespace
+
 LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s) {
     EPO_CHECK(!argv.empty(), "empty launch command");
     int out_pipe[2];
@@ -440,9 +501,7 @@ LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s) 
                               .count();
         if (left <= 0) {
             result.timed_out = true;
-            kill(-pid, SIGTERM);
-            std::this_thread::sleep_for(std::chrono::seconds(2));
-            kill(-pid, SIGKILL);
+            end_launch_tree(pid);
             break;
         }
         if (poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000))) < 0 && errno != EINTR) {

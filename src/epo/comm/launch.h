@@ -64,8 +64,9 @@ struct LaunchResult {
     std::string stderr_text;
 };
 
-// Runs the command, capturing its output; past `timeout_s` the whole process group is killed
-// (SIGTERM, then SIGKILL) and timed_out is set.
+// Runs the command, capturing its output; past `timeout_s` the launcher, its process group and
+// every process it started (Open MPI puts each local rank in a group of its own) are ended
+// (SIGTERM, then SIGKILL 2 s later) and timed_out is set.
 LaunchResult run_launch(const std::vector<std::string>& argv, double timeout_s);
 
 // Runs the command for `epo launch` / `epo bench` and returns its exit status (128 + signal when
