@@ -5,6 +5,8 @@
 # segmentation fault, and no epo process left on either host. Under both launchers: plain
 # `mpirun` and `epo launch`.
 #   scripts/cut_link_soak.sh [TRIES_PER_CASE] [EPO_BINARY]     (root; iproute2)
+#   EPO_SOAK_CASES="name ..."   only these cases (default: all five below); with a cluster name of
+#   its own (EPO_CLUSTER_NAME, default eposoak), a second soak can run beside the first.
 # Prints one line per try and a count per case; exits 1 if any try failed. A try whose job has not
 # reached its third step within 5 minutes (a loaded machine) is not cut: it is reported, run again
 # (5 at most in a row) and counted apart.
@@ -12,7 +14,7 @@ set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 tries=${1:-20}
 epo=${2:-$root/build/release/bin/epo}
-export EPO_CLUSTER_NAME=eposoak
+export EPO_CLUSTER_NAME=${EPO_CLUSTER_NAME:-eposoak}
 cluster="$root/scripts/emulated-cluster.sh"
 timeout_s=10
 base="--model tiny-moe --num_nodes 2 --gpus_per_node 1 --max_steps 100000 comm.timeout_s=$timeout_s"
@@ -29,7 +31,11 @@ not_started=0
 retries=0
 out=$(mktemp -d)
 trap '"$cluster" down >/dev/null 2>&1; rm -rf "$out"' EXIT
-for name in "${!cases[@]}"; do
+selected=${EPO_SOAK_CASES:-${!cases[*]}}
+for name in $selected; do
+  [[ -n ${cases[$name]:-} ]] || { echo "EPO_SOAK_CASES: no case '$name' (cases: ${!cases[*]})"; exit 1; }
+done
+for name in $selected; do
   for launcher in mpirun epo_launch; do
     ok=0
     for ((t = 1; t <= tries; ++t)); do
