@@ -7,6 +7,7 @@
 #   scripts/cut_link_soak.sh [TRIES_PER_CASE] [EPO_BINARY]     (root; iproute2)
 #   EPO_SOAK_CASES="name ..."   only these cases (default: all five below); with a cluster name of
 #   its own (EPO_CLUSTER_NAME, default eposoak), a second soak can run beside the first.
+#   EPO_SOAK_LAUNCHERS="mpirun epo_launch"   the launchers to try (default: both).
 # Prints one line per try and a count per case; exits 1 if any try failed. A try whose job has not
 # reached its third step within 5 minutes (a loaded machine) is not cut: it is reported, run again
 # (5 at most in a row) and counted apart.
@@ -36,7 +37,7 @@ for name in $selected; do
   [[ -n ${cases[$name]:-} ]] || { echo "EPO_SOAK_CASES: no case '$name' (cases: ${!cases[*]})"; exit 1; }
 done
 for name in $selected; do
-  for launcher in mpirun epo_launch; do
+  for launcher in ${EPO_SOAK_LAUNCHERS:-mpirun epo_launch}; do
     ok=0
     for ((t = 1; t <= tries; ++t)); do
       "$cluster" down >/dev/null 2>&1
@@ -47,7 +48,10 @@ for name in $selected; do
       else
         cmd="timeout -s KILL 200 $epo launch --omp-threads 1 --hosts \"\$EPO_CLUSTER_HOSTS\" -n 2 $epo train $args"
       fi
-      "$cluster" run bash -c "$cmd; echo \"exit status \$?\"" >"$out/run.txt" 2>&1 &
+      # Emptied here, not by the background job's redirection: that may run after the wait below
+      # has already read the previous try's "iteration 3/" and cut the link during start-up.
+      : >"$out/run.txt"
+      "$cluster" run bash -c "$cmd; echo \"exit status \$?\"" >>"$out/run.txt" 2>&1 &
       # The cut must land in a step: a job still starting (slow on a loaded machine) would fail
       # at start-up instead, which says nothing about a cut link. Up to 5 minutes.
       started=0
