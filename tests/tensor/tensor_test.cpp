@@ -98,6 +98,32 @@ TEST(Arena, GrowsThenMergesSoTheNextCycleDoesNotGrow) {
     EXPECT_GE(arena.capacity(), std::size_t{16} << 20);
 }
 
+// What stays mapped after a growing cycle is its need plus an eighth, not the sum of the growth
+// steps (a doubling growth kept up to twice the need resident: the chunks are pre-faulted).
+TEST(Arena, MergedChunkHoldsTheNeedNotTheGrowthSteps) {
+    Arena arena("need", 4096);
+    const std::size_t mib = std::size_t{1} << 20;
+    for (int i = 0; i < 9; ++i) {
+        arena.alloc({1 << 19}, DType::kF32);  // 2 MiB each: 18 MiB in all
+    }
+    EXPECT_LE(arena.capacity(), 18 * mib * 5 / 4 + 2 * mib) << "growth overshoots a quarter";
+    arena.reset();
+    EXPECT_EQ(arena.num_chunks(), 1);
+    EXPECT_GE(arena.capacity(), 18 * mib);
+    EXPECT_LE(arena.capacity(), 18 * mib + 18 * mib / 8 + 2 * mib);
+    // A cycle asking a little more than the most so far (within the eighth) maps nothing new;
+    // a smaller one after it keeps the chunk.
+    const int maps = arena.num_maps();
+    for (int i = 0; i < 10; ++i) {
+        arena.alloc({1 << 19}, DType::kF32);
+    }
+    arena.reset();
+    arena.alloc({1 << 10}, DType::kF32);
+    arena.reset();
+    EXPECT_EQ(arena.num_maps(), maps);
+    EXPECT_GE(arena.capacity(), 20 * mib);
+}
+
 TEST(Arena, AllocZerosIsZero) {
     Arena arena;
     Tensor t = arena.alloc({100}, DType::kF32);

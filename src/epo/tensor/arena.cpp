@@ -21,7 +21,7 @@ std::size_t round_up(std::size_t n, std::size_t to) {
 
 Arena::Arena(std::string name, std::size_t initial_bytes) : name_(std::move(name)) {
     if (initial_bytes) {
-        add_chunk(initial_bytes);
+        map_chunk(round_up(initial_bytes, kChunkGranule));
     }
 }
 
@@ -43,6 +43,8 @@ Arena& Arena::operator=(Arena&& other) noexcept {
         used_before_current_ = other.used_before_current_;
         high_water_ = other.high_water_;
         num_maps_ = other.num_maps_;
+        demand_ = other.demand_;
+        peak_demand_ = other.peak_demand_;
         other.chunks_.clear();
         other.current_ = other.offset_ = other.used_before_current_ = 0;
     }
@@ -50,8 +52,15 @@ Arena& Arena::operator=(Arena&& other) noexcept {
 }
 
 void Arena::add_chunk(std::size_t min_bytes) {
-    // Grow geometrically so a growing workload maps O(log) chunks, then merges them on reset().
-    const std::size_t size = round_up(std::max(min_bytes, capacity_locked()), kChunkGranule);
+    // Grow by a quarter of what is mapped (at least what is asked): a growing workload maps
+    // O(log) chunks, while what a cycle maps beyond its need stays within about a quarter (a
+    // doubling growth left up to twice the need mapped, and resident, for good).
+    const std::size_t size =
+        round_up(std::max(min_bytes, capacity_locked() / 4), kChunkGranule);
+    map_chunk(size);
+}
+
+void Arena::map_chunk(std::size_t size) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         throw Error(ErrorKind::kInternal, fmt::format("arena '{}': cannot map {} MiB: {}", name_,
@@ -80,6 +89,8 @@ Tensor Arena::alloc(const Shape& shape, DType dtype) {
     const std::size_t bytes =
         round_up(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), kAlign);
     const std::size_t take = std::max(bytes, kAlign);  // distinct pointers for empty tensors
+    demand_ += take;
+    peak_demand_ = std::max(peak_demand_, demand_);
     while (current_ < chunks_.size() && offset_ + take > chunks_[current_].size) {
         used_before_current_ += chunks_[current_].size;
         ++current_;
@@ -104,14 +115,17 @@ Tensor Arena::alloc_zeros(const Shape& shape, DType dtype) {
 void Arena::reset() {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (chunks_.size() > 1) {
-        // The last cycle needed more than one chunk: replace them by one chunk that holds all.
-        const std::size_t total = capacity_locked();
+        // The last cycle needed more than one chunk: replace them by one chunk that holds the
+        // most any cycle has asked for, plus an eighth for cycles that ask a little more (a MoE
+        // layer's rows vary with the routing). Unmapped first, so the two never coexist.
+        const std::size_t size = round_up(peak_demand_ + peak_demand_ / 8, kChunkGranule);
         release_all();
-        add_chunk(total);
+        map_chunk(size);
     } else if (!chunks_.empty()) {
         ASAN_POISON_MEMORY_REGION(chunks_[0].base, chunks_[0].size);
     }
     current_ = offset_ = used_before_current_ = 0;
+    demand_ = 0;
 }
 
 void Arena::reserve(std::size_t bytes) {
@@ -121,7 +135,7 @@ void Arena::reserve(std::size_t bytes) {
     }
     if (bytes_in_use_locked() == 0) {
         release_all();
-        add_chunk(bytes);
+        map_chunk(round_up(bytes, kChunkGranule));
     } else {
         add_chunk(bytes);
     }

@@ -5,8 +5,10 @@
 // blocks to the OS faults on every step. An arena maps its memory once, pre-faults it
 // (MAP_POPULATE, transparent huge pages where the kernel allows), and reuses it: after the
 // first step a steady-state step takes no page faults. If a step needs more than the arena holds,
-// it maps another chunk (faulting once); the next reset() merges the chunks into one of the
-// total size, so the step after that fits again without growing.
+// it maps another chunk (a quarter of what is mapped, or more if asked; faulting once); the next
+// reset() merges the chunks into one that holds the most any cycle has taken plus an eighth, so
+// the step after that fits again without growing, and what stays mapped (and resident: the
+// memory is pre-faulted) is the need, not the sum of the growth steps.
 //
 // Tensors from alloc() are views; they are invalid after reset() (under AddressSanitizer the
 // released memory is poisoned, so a stale view is reported). One owner (typically one per
@@ -55,7 +57,8 @@ private:
         char* base = nullptr;
         std::size_t size = 0;
     };
-    void add_chunk(std::size_t min_bytes);  // the callers hold mutex_
+    void add_chunk(std::size_t min_bytes);  // the callers hold mutex_ (both)
+    void map_chunk(std::size_t size);       // exactly `size` bytes (a multiple of 2 MiB)
     void release_all();
     std::size_t bytes_in_use_locked() const;
     std::size_t capacity_locked() const;
@@ -67,6 +70,8 @@ private:
     std::size_t used_before_current_ = 0;
     std::size_t high_water_ = 0;
     int num_maps_ = 0;
+    std::size_t demand_ = 0;       // bytes taken since the last reset(), without chunk tails
+    std::size_t peak_demand_ = 0;  // the most demand_ has been in any cycle
     mutable std::mutex mutex_;  // not moved: each arena has its own
 };
 
