@@ -23,6 +23,7 @@
 
 #include "epo/tensor/random.h"
 #include "finite_difference.h"
+#include "float64_reference.h"
 
 namespace epo::model {
 namespace {
@@ -30,6 +31,11 @@ namespace {
 using epo::testing::dot;
 using epo::testing::expect_gradient_matches;
 using Vec = std::vector<double>;
+using epo::testing::linear;
+using epo::testing::numeric_gradient;
+using epo::testing::relative_error;
+using epo::testing::rms_norm;
+using epo::testing::to_vec;
 
 constexpr double kRopeBase = 10000.0;
 
@@ -38,32 +44,6 @@ constexpr double kRopeBase = 10000.0;
 struct RefWeights {
     Vec q_down, q_up, q_norm, kv_down, kv_up, kv_norm, proj;
 };
-
-// y (rows, out) = x (rows, in) w^T, w (out, in).
-Vec linear(const Vec& x, const Vec& w, int64_t rows, int64_t in, int64_t out) {
-    Vec y(static_cast<size_t>(rows * out), 0.0);
-    for (int64_t t = 0; t < rows; ++t)
-        for (int64_t o = 0; o < out; ++o) {
-            double s = 0;
-            for (int64_t i = 0; i < in; ++i)
-                s += x[t * in + i] * w[o * in + i];
-            y[t * out + o] = s;
-        }
-    return y;
-}
-
-Vec rms_norm(const Vec& x, const Vec& w, int64_t rows, int64_t width, double eps) {
-    Vec y(x.size());
-    for (int64_t t = 0; t < rows; ++t) {
-        double ss = 0;
-        for (int64_t j = 0; j < width; ++j)
-            ss += x[t * width + j] * x[t * width + j];
-        const double r = 1.0 / std::sqrt(ss / width + eps);
-        for (int64_t j = 0; j < width; ++j)
-            y[t * width + j] = x[t * width + j] * r * w[j];
-    }
-    return y;
-}
 
 // Interleaved rope on the Dr values at v (position p).
 void rope_pairs(double* v, int64_t Dr, int64_t p) {
@@ -133,28 +113,6 @@ Vec ref_forward(const MlaShape& s, const RefWeights& w, const Vec& x, int64_t T)
                         ctx[ti * N * Dv + h * Dv + c] += p[j] / sum * value(b * S + j, h, c);
             }
     return linear(ctx, w.proj, T, N * Dv, H);
-}
-
-Vec to_vec(const Tensor& t) {
-    Vec v(static_cast<size_t>(t.numel()));
-    for (int64_t i = 0; i < t.numel(); ++i)
-        v[i] = t.data<float>()[i];
-    return v;
-}
-
-// Central difference of `loss` in each element of v.
-Vec numeric_gradient(Vec& v, const std::function<double()>& loss) {
-    Vec g(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-        const double saved = v[i], h = 1e-6 * std::max(1.0, std::fabs(saved));
-        v[i] = saved + h;
-        const double plus = loss();
-        v[i] = saved - h;
-        const double minus = loss();
-        v[i] = saved;
-        g[i] = (plus - minus) / (2 * h);
-    }
-    return g;
 }
 
 // ---- the layer ----------------------------------------------------------------------------
@@ -239,16 +197,6 @@ struct MlaFixture {
                           v(params.kv_up),  v(params.kv_norm), v(params.proj)};
     }
 };
-
-// max |a - ref| / max |ref|
-double relative_error(const Vec& a, const Vec& ref) {
-    double err = 0, mag = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        err = std::max(err, std::fabs(a[i] - ref[i]));
-        mag = std::max(mag, std::fabs(ref[i]));
-    }
-    return err / std::max(mag, 1e-30);
-}
 
 // The layer (forward, dx, every weight gradient) against the float64 reference.
 void check_against_reference(const MlaShape& s, DType cd, double tol) {
