@@ -95,7 +95,7 @@ INSTANTIATE_TEST_SUITE_P(
                    1,
                    {"model.recompute_granularity=full", "model.recompute_method=uniform",
                     "model.recompute_num_layers=1"}},
-        SharedCase{"pp2", 2, {}}),
+        SharedCase{"pp2", 2, {"model.num_layers=4", "model.moe_layer_freq=[0,1,1,1]"}}),
     [](const ::testing::TestParamInfo<SharedCase>& info) { return info.param.name; });
 
 }  // namespace

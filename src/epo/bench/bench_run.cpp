@@ -417,8 +417,10 @@ const std::string& deepseek_v3_proxy_yaml() {
     // - hidden 1024 (7168), 16 heads (128; the same heads per hidden width);
     // - 2 decoder layers, the first dense as the recipe's first 3 of 61 (moe_layer_freq), plus
     //   the MTP layer (MoE, as the last decoder layer): one dense and two MoE layers;
-    // - the dense FFN 10240 = (top-k + 1 shared) x 2048, the recipe's rule (18432 = (8 + 1) x
-    //   2048: a dense layer computes what a token's experts do);
+    // - the dense FFN 2688, the recipe's 18432 scaled as the hidden size (x 1024 / 7168, to a
+    //   multiple of 128; a first try with 10240 = (top-4 + 1 shared) x 2048 took 16 s a step
+    //   here and added 31 M dense parameters to a gradient traffic that already dwarfs the
+    //   all-to-alls, docs/bench.md);
     // - 16 experts with top-4 (256, top-8), in 8 groups of which each token keeps 4 (the
     //   recipe's 8 and 4), so group-limited routing still limits a token to half the groups;
     // - sequence 256 (4096), 4 micro-batches per step, vocabulary 2048 (129280: a small
@@ -431,7 +433,7 @@ const std::string& deepseek_v3_proxy_yaml() {
   hidden_size: 1024
   num_attention_heads: 16
   num_query_groups: 16
-  ffn_hidden_size: 10240
+  ffn_hidden_size: 2688
   num_moe_experts: 16
   moe_router_topk: 4
   moe_router_num_groups: 8
