@@ -82,7 +82,7 @@ std::string default_run_dir(const config::Config& cfg) {
 // rank, with the run directory fixed (its stderr filtered of the launcher's own noise).
 void launch(bench::BenchOptions options) {
     const config::Config built =
-        config::build_config(bench::with_default_model(options.sources)).config;
+        config::build_config(bench::with_bench_model(options.sources)).config;
     const int world = bench::launch_world_size(built);
     // mpirun starts every rank on this host.
     const config::Config cfg =

@@ -18,6 +18,7 @@
 #include "epo/comm/launch.h"
 #include "epo/config/recipes.h"
 #include "epo/core/error.h"
+#include "epo/train/train_run.h"
 
 namespace epo::bench {
 namespace {
@@ -223,6 +224,68 @@ TEST(BenchCli, TheProxyCalibratesUnlessALinkOrARatioIsGiven) {
     o.comm_compute_ratio = 0.0;
     EXPECT_EQ(calibration_ratio(o, true), 0.0);
     EXPECT_EQ(calibration_ratio(o, false), 0.0);
+}
+
+// `epo bench --model deepseek-v3` (no configuration file) runs its proxy, which validates for the
+// runtime in every schedule --compare runs (the overlap rows with shared-expert overlap off, as
+// the reference's rule demands) and fits; qwen3-30b-a3b and no model run the qwen3 proxy; a model
+// without a proxy, or any model with a configuration file, runs as given.
+TEST(BenchCli, DeepSeekV3RunsItsProxyWhichTheRuntimeRuns) {
+    BenchOptions o;
+    o.compare = true;
+    o.sources.model = "deepseek-v3";
+    bool proxy = false;
+    const config::ConfigSources s = with_bench_model(o.sources, &proxy);
+    EXPECT_TRUE(proxy);
+    ASSERT_TRUE(s.config_text.has_value());
+    EXPECT_EQ(*s.config_text, deepseek_v3_proxy_yaml());
+    const comm::JobShape job{.world_size = 2, .ranks_per_host = 2};
+    config::Config cfg;
+    ASSERT_NO_THROW(cfg = check_bench_config(o, job));  // every compared schedule, and memory
+    const config::ModelConfig& m = cfg.model;
+    EXPECT_EQ(cfg.recipe, "deepseek-v3");
+    EXPECT_TRUE(m.multi_latent_attention);
+    EXPECT_EQ(m.q_lora_rank, 1536);
+    EXPECT_EQ(m.kv_lora_rank, 512);
+    EXPECT_EQ(m.qk_head_dim, 128);
+    EXPECT_EQ(m.qk_pos_emb_head_dim, 64);
+    EXPECT_EQ(m.v_head_dim, 128);
+    EXPECT_EQ(m.moe_ffn_hidden_size, 2048);
+    EXPECT_EQ(m.moe_shared_expert_intermediate_size, 2048);
+    EXPECT_TRUE(m.moe_shared_expert_overlap);  // the baseline keeps the recipe's setting
+    EXPECT_EQ(m.mtp_num_layers, 1);
+    EXPECT_EQ(m.moe_router_score_function, config::ScoreFunction::kSigmoid);
+    EXPECT_TRUE(m.moe_router_enable_expert_bias);
+    EXPECT_EQ(m.moe_router_num_groups, 8);
+    EXPECT_EQ(m.moe_router_group_topk, 4);
+    EXPECT_EQ(m.moe_layer_freq, config::MoeLayerFreq(std::vector<int>{0, 1}));
+    EXPECT_EQ(calibration_ratio(o, proxy), 1.0);
+    // The overlap rows need shared-expert overlap off: with it on the reference's rule refuses.
+    config::ConfigSources overlap = s;
+    overlap.overrides.push_back("comm_overlap.overlap_moe_expert_parallel_comm=true");
+    const config::ValidationReport refused = train::prepare_run_config(overlap, job);
+    EXPECT_FALSE(refused.ok());
+    overlap.overrides.push_back("model.moe_shared_expert_overlap=false");
+    const config::ValidationReport ok = train::prepare_run_config(overlap, job);
+    EXPECT_TRUE(ok.ok()) << config::format_findings(ok);
+
+    for (std::optional<std::string> model :
+         {std::optional<std::string>(), std::optional<std::string>("qwen3-30b-a3b")}) {
+        BenchOptions q;
+        q.sources.model = model;
+        const config::ConfigSources qs = with_bench_model(q.sources, &proxy);
+        EXPECT_TRUE(proxy);
+        EXPECT_EQ(qs.model, kProxyRecipe);
+        EXPECT_EQ(qs.config_text, proxy_yaml());
+    }
+    BenchOptions plain;
+    plain.sources.model = "mixtral-8x7b";
+    EXPECT_FALSE(with_bench_model(plain.sources, &proxy).config_text.has_value());
+    EXPECT_FALSE(proxy);
+    plain.sources.model = "deepseek-v3";
+    plain.sources.config_text = "train:\n  train_iters: 2\n";
+    EXPECT_EQ(with_bench_model(plain.sources, &proxy).config_text, plain.sources.config_text);
+    EXPECT_FALSE(proxy);
 }
 
 // With no topology stated epo bench starts the ranks the layout needs, on one node of this host.

@@ -320,6 +320,21 @@ TEST(Report, LossPlotMarksEveryStepAndItsLegendSitsOutsideThePlot) {
     }
 }
 
+// A configuration that overlaps its shared expert runs it so in the baseline only (EP overlap
+// excludes it): the table says which rows ran it and which did not; nothing when all agree.
+TEST(Report, TableSaysWhichRowsRanSharedExpertOverlap) {
+    nlohmann::json m = metrics_doc(three_runs(), 3);
+    EXPECT_EQ(format_table(m).find("shared-expert overlap"), std::string::npos);
+    m["runs"][0]["moe_shared_expert_overlap"] = true;
+    m["runs"][1]["moe_shared_expert_overlap"] = false;
+    m["runs"][2]["moe_shared_expert_overlap"] = false;
+    EXPECT_NE(format_table(m).find("note: shared-expert overlap (model.moe_shared_expert_overlap) "
+                                   "ran in baseline and was turned off in overlap, "
+                                   "overlap+delay_wgrad: EP overlap excludes it"),
+              std::string::npos)
+        << format_table(m);
+}
+
 TEST(Report, EverySectionHasItsId) {
     const std::string html = report_html(metrics_doc(three_runs(), 4), kNoTrace);
     for (const char* id : {"id='run'", "id='summary'", "id='communication'", "id='loss'",

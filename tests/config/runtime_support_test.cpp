@@ -166,6 +166,17 @@ TEST(RuntimeSupport, CurrentRuntimeRunsQkLayernormTiedEmbeddingsFp32PipelinesAnd
     }
 }
 
+// schedule.h "Shared-expert overlap"; the deepseek-v3 recipe, which sets it, has no RT id left.
+TEST(RuntimeSupport, CurrentRuntimeRunsSharedExpertOverlap) {
+    Config c = make_recipe("tiny-moe");
+    uses().at("RT011")(c);
+    EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    const Config ds = make_recipe("deepseek-v3");
+    ASSERT_TRUE(ds.model.moe_shared_expert_overlap);
+    EXPECT_EQ(runtime_ids(runtime_findings(ds, RuntimeCapabilities::current())),
+              std::vector<std::string>{});
+}
+
 TEST(RuntimeSupport, CurrentRuntimeRunsFullAndSelectiveRecomputeButNotTheMoeModule) {
     const auto findings = [](std::optional<RecomputeGranularity> granularity,
                              std::optional<std::vector<RecomputeModule>> modules,

@@ -48,6 +48,21 @@ TEST(CriticalPath, MicroBatchOrderIsRespected) {
     EXPECT_DOUBLE_EQ(critical_path_seconds(calls, [](const NodeCall&) { return 1.0; }), 1.0);
 }
 
+// Shared-expert overlap: the shared expert runs beside the dispatch and the combine backward,
+// so one micro-batch through one MoE layer (14 calls of unit duration, embedding and output
+// included) takes 12 units, not 14 as when the same calls run in series.
+TEST(CriticalPath, SharedExpertRunsBesideTheAllToAll) {
+    ScheduleShape s{1, {true}};
+    s.shared_expert_overlap = true;
+    const auto one = [](const NodeCall&) { return 1.0; };
+    EXPECT_DOUBLE_EQ(critical_path_seconds(baseline_schedule(s), one), 12.0);
+    std::vector<NodeCall> serial = baseline_schedule(s);
+    for (NodeCall& c : serial)
+        if (c.node == NodeKind::kSharedExpert)
+            c.node = NodeKind::kMlp;  // an ordinary compute call waits for the all-to-all
+    EXPECT_DOUBLE_EQ(critical_path_seconds(serial, one), 14.0);
+}
+
 TEST(CriticalPath, GradReductionIsASideBranch) {
     // The backward's next call does not wait for a reduction on the other stream; the bound
     // still ends when the reduction does.

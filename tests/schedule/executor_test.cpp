@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -14,8 +15,11 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "epo/runtime/stream.h"
+#include "epo/schedule/pipeline_schedule.h"
 
 namespace epo::schedule {
 namespace {
@@ -97,6 +101,70 @@ TEST(Executor, CallsInOrderOnOneChainNeverMeet) {
              {"mb0.layer0.mlp.forward", "mb0.layer0.dispatch.forward"}},
             std::chrono::seconds(1));
     EXPECT_EQ(missed.size(), 1u);
+}
+
+ScheduleShape shared_overlap_layer(int chunks) {
+    ScheduleShape s = one_moe_layer(1, chunks);
+    s.shared_expert_overlap = true;
+    return s;
+}
+
+// Shared-expert overlap (schedule.h): the shared expert computes while the dispatch's all-to-all
+// is in flight, and its backward while the combine backward's is; a shared expert chained behind
+// the all-to-all (or one issued ahead of it, waiting for the call before) never meets it.
+TEST(Executor, SharedExpertRunsBesideTheDispatchAndTheCombineBackward) {
+    for (int chunks : {1, 2}) {
+        const std::string c0 = chunks > 1 ? ".chunk0" : "";
+        const std::set<std::string> missed =
+            run(baseline_schedule(shared_overlap_layer(chunks)), 1,
+                {{"mb0.layer0.shared_expert.forward", "mb0.layer0.dispatch.forward" + c0},
+                 {"mb0.layer0.dispatch.forward" + c0, "mb0.layer0.shared_expert.forward"},
+                 {"mb0.layer0.shared_expert.backward", "mb0.layer0.combine.backward" + c0},
+                 {"mb0.layer0.combine.backward" + c0, "mb0.layer0.shared_expert.backward"}});
+        EXPECT_TRUE(missed.empty()) << chunks << " chunk(s): " << *missed.begin();
+    }
+}
+
+// ... and it still runs after what it reads exists and before what reads it: after the
+// pre_dispatch (n2) and, on a pipeline stage, after the received output gradient (a comm call,
+// slowed here so that a shared expert not waiting for it would start first); the mlp after both
+// the dispatch and the shared expert, and the combine (which adds the shared output) after it.
+TEST(Executor, SharedExpertWaitsForItsInputsAndIsWaitedFor) {
+    PipelineShape p{.num_stages = 2,
+                    .num_micro_batches = 1,
+                    .moe_layers = {true, true},
+                    .shared_expert_overlap = true};
+    const std::vector<NodeCall> stage0 = pipeline_schedules(p)[0];
+    std::mutex mutex;
+    std::vector<std::string> log;
+    const auto note = [&](const std::string& what) {
+        std::lock_guard lock(mutex);
+        log.push_back(what);
+    };
+    runtime::RankStreams streams{std::make_unique<runtime::Stream>("compute"),
+                                 std::make_unique<runtime::Stream>("comm")};
+    issue_schedule(stage0, 1, streams, [&](const NodeCall& call, runtime::StreamContext&) {
+        note("start " + call_name(call));
+        if (call.node == NodeKind::kRecvBackward || call.node == NodeKind::kDispatch)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        note("end " + call_name(call));
+    });
+    streams.synchronize();
+    const auto at = [&](const std::string& what) {
+        const auto it = std::find(log.begin(), log.end(), what);
+        EXPECT_NE(it, log.end()) << what;
+        return it - log.begin();
+    };
+    const std::string l = "stage0.chunk0.mb0.layer0.";
+    EXPECT_LT(at("end " + l + "pre_dispatch.forward"), at("start " + l + "shared_expert.forward"));
+    EXPECT_LT(at("end " + l + "shared_expert.forward"), at("start " + l + "mlp.forward"));
+    EXPECT_LT(at("end " + l + "dispatch.forward"), at("start " + l + "mlp.forward"));
+    EXPECT_LT(at("end " + l + "shared_expert.forward"), at("start " + l + "combine.forward"));
+    EXPECT_LT(at("end stage0.chunk0.mb0.x1.recv_backward"),
+              at("start " + l + "shared_expert.backward"));
+    EXPECT_LT(at("end " + l + "shared_expert.backward"), at("start " + l + "mlp.backward"));
+    EXPECT_LT(at("end " + l + "shared_expert.backward"),
+              at("start " + l + "pre_dispatch.backward"));
 }
 
 }  // namespace

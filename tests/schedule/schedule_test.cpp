@@ -818,5 +818,71 @@ TEST(Schedule, FullRecomputeGroupsMustBeRunsOfConsecutiveLayers) {
     EXPECT_NO_THROW(baseline_schedule(recompute_shape(1, {true, true, true}, false, {0, 0, -1})));
 }
 
+// Shared-expert overlap (schedule.h): each MoE layer's shared expert is a compute call issued
+// right after the all-to-all it hides, before the call that waits for that all-to-all; dense
+// layers have none. Any other place (before the dispatch, after the mlp) fails this.
+TEST(Schedule, SharedExpertSitsBetweenTheDispatchAndTheMlp) {
+    ScheduleShape s{2, {false, true}};
+    s.shared_expert_overlap = true;
+    const auto calls = baseline_schedule(s);
+    EXPECT_EQ(layer_calls(calls, 1, 1),
+              (std::vector<std::string>{
+                  "mb1.layer1.pre_dispatch.forward", "mb1.layer1.dispatch.forward",
+                  "mb1.layer1.shared_expert.forward", "mb1.layer1.mlp.forward",
+                  "mb1.layer1.combine.forward", "mb1.layer1.combine.backward",
+                  "mb1.layer1.shared_expert.backward", "mb1.layer1.mlp.backward",
+                  "mb1.layer1.dispatch.backward", "mb1.layer1.pre_dispatch.backward"}));
+    EXPECT_EQ(
+        layer_calls(calls, 0, 0),
+        (std::vector<std::string>{"mb0.layer0.pre_dispatch.forward", "mb0.layer0.mlp.forward",
+                                  "mb0.layer0.mlp.backward", "mb0.layer0.pre_dispatch.backward"}));
+    int shared = 0;
+    for (const NodeCall& c : calls) {
+        if (c.node != NodeKind::kSharedExpert)
+            continue;
+        ++shared;
+        EXPECT_EQ(stream_of(c.node), StreamId::kCompute);
+        EXPECT_TRUE(runs_beside_previous(c.node));
+        EXPECT_FALSE(c.wgrad_delayed);
+    }
+    EXPECT_EQ(shared, 2 * 2);  // forward and backward of each micro-batch's MoE layer
+    // Without the flag the lists are today's.
+    s.shared_expert_overlap = false;
+    for (const NodeCall& c : baseline_schedule(s))
+        EXPECT_NE(c.node, NodeKind::kSharedExpert);
+}
+
+// With MoE chunks (run chunk by chunk in the baseline) the shared expert follows chunk 0's
+// all-to-all; a full recompute runs it again after the recompute's dispatch.
+TEST(Schedule, SharedExpertFollowsTheFirstChunkAndRunsInTheRecompute) {
+    ScheduleShape chunked = chunked_shape(1, {true}, false, 2);
+    chunked.shared_expert_overlap = true;
+    EXPECT_EQ(layer_calls(baseline_schedule(chunked), 0, 0),
+              (std::vector<std::string>{
+                  "mb0.layer0.pre_dispatch.forward", "mb0.layer0.dispatch.forward.chunk0",
+                  "mb0.layer0.shared_expert.forward", "mb0.layer0.mlp.forward.chunk0",
+                  "mb0.layer0.combine.forward.chunk0", "mb0.layer0.dispatch.forward.chunk1",
+                  "mb0.layer0.mlp.forward.chunk1", "mb0.layer0.combine.forward.chunk1",
+                  "mb0.layer0.combine.backward.chunk0", "mb0.layer0.shared_expert.backward",
+                  "mb0.layer0.mlp.backward.chunk0", "mb0.layer0.dispatch.backward.chunk0",
+                  "mb0.layer0.combine.backward.chunk1", "mb0.layer0.mlp.backward.chunk1",
+                  "mb0.layer0.dispatch.backward.chunk1", "mb0.layer0.pre_dispatch.backward"}));
+    ScheduleShape recomputed = recompute_shape(1, {true}, false, {0});
+    recomputed.shared_expert_overlap = true;
+    const auto calls = layer_calls(baseline_schedule(recomputed), 0, 0);
+    const auto at = [&](const std::string& name) {
+        return std::find(calls.begin(), calls.end(), name) - calls.begin();
+    };
+    EXPECT_EQ(at("mb0.layer0.shared_expert.recompute"), at("mb0.layer0.dispatch.recompute") + 1);
+    EXPECT_EQ(at("mb0.layer0.mlp.recompute"), at("mb0.layer0.shared_expert.recompute") + 1);
+}
+
+// The reference's rule: shared-expert overlap and EP overlap exclude each other.
+TEST(Schedule, SharedExpertOverlapIsRefusedWithTheOverlapSchedule) {
+    ScheduleShape s{2, {true}};
+    s.shared_expert_overlap = true;
+    EXPECT_THROW(overlap_schedule(s), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace epo::schedule

@@ -38,7 +38,8 @@ std::vector<std::string> mla_overrides(int world, bool q_lora, std::vector<std::
 
 // Baseline, overlap, overlap + delayed wgrad of the same configuration: bit-identical, and the
 // loss falls.
-void expect_schedules_bit_identical(bool q_lora, const std::vector<std::string>& extra) {
+void expect_schedules_bit_identical(bool q_lora, const std::vector<std::string>& extra,
+                                    int steps = kSteps) {
     const int world = comm::current_world_size();
     auto with = [&](std::vector<std::string> more) {
         std::vector<std::string> o = extra;
@@ -53,9 +54,9 @@ void expect_schedules_bit_identical(bool q_lora, const std::vector<std::string>&
     ASSERT_TRUE(base.model.multi_latent_attention);
     ASSERT_TRUE(delayed.model.overlap_moe_expert_parallel_comm);
     ASSERT_TRUE(delayed.model.delay_wgrad_compute);
-    const RunRecord a = testing::record_run(base, kSteps);
-    const RunRecord b = testing::record_run(overlap, kSteps);
-    const RunRecord c = testing::record_run(delayed, kSteps);
+    const RunRecord a = testing::record_run(base, steps);
+    const RunRecord b = testing::record_run(overlap, steps);
+    const RunRecord c = testing::record_run(delayed, steps);
     expect_bit_identical(a, b);
     expect_bit_identical(a, c);
     EXPECT_LT(a.losses.back(), a.losses.front());
@@ -85,6 +86,56 @@ TEST(MlaTrainer, DeepSeekRouterWithMlaIsBitIdenticalToBaseline) {
          "model.moe_router_num_groups=4", "model.moe_router_group_topk=2",
          "model.moe_router_topk_scaling_factor=2.5", "model.moe_router_dtype=fp32",
          "model.moe_router_load_balancing_type=seq_aux_loss", "model.moe_aux_loss_coeff=1e-4"});
+}
+
+// PP 2 x VPP 2 with an uneven layout (5 layers: the first stage's chunks hold the embedding and 1
+// layer, then 2; the second's 1, then 1 and the loss), EP 2 inside each stage: the interleaved
+// schedule's combined steps run MLA's nodes like any other, bit for bit.
+TEST(MlaTrainer, PipelineWithAnUnevenLayoutIsBitIdenticalToBaseline) {
+    const int world = comm::current_world_size();
+    if (world < 4 || world % 4 != 0)
+        GTEST_SKIP() << "EP overlap needs EP > 1: PP 2 needs 4 ranks";
+    const int ep = world / 2;
+    expect_schedules_bit_identical(
+        /*q_lora=*/true,
+        {"model.num_layers=5", "model.pipeline_model_parallel_size=2",
+         "model.virtual_pipeline_model_parallel_size=2",
+         "model.pipeline_model_parallel_layout=Et|tt|t|tL",
+         "model.expert_model_parallel_size=" + std::to_string(ep),
+         "train.global_batch_size=" + std::to_string(2 * ep * 4)},
+        4);
+}
+
+// DeepSeek-V3's features together at PP 1: MLA, one MTP layer, group-limited sigmoid routing
+// with expert bias, a shared expert, the first layer dense, and selective recompute of the
+// modules that run with MLA (moe_act, mlp, shared_experts; core_attn, layernorm and mla_up_proj
+// are refused with MLA, RT034): overlap and overlap + delayed wgrad equal the baseline bit for
+// bit (lm and MTP losses, grad norms, every parameter), and so does the baseline without
+// recompute.
+TEST(MlaTrainer, DeepSeekV3FeaturesTogetherAreBitIdenticalToBaseline) {
+    const std::vector<std::string> model = {"model.num_layers=2",
+                                            "model.moe_layer_freq=[0,1]",
+                                            "model.mtp_num_layers=1",
+                                            "model.moe_shared_expert_intermediate_size=64",
+                                            "model.moe_router_score_function=sigmoid",
+                                            "model.moe_router_enable_expert_bias=true",
+                                            "model.moe_router_num_groups=4",
+                                            "model.moe_router_group_topk=2",
+                                            "model.moe_router_topk_scaling_factor=2.5",
+                                            "model.moe_router_dtype=fp32",
+                                            "model.moe_router_load_balancing_type=seq_aux_loss",
+                                            "model.moe_aux_loss_coeff=1e-4"};
+    std::vector<std::string> recompute = model;
+    recompute.insert(recompute.end(), {"model.recompute_granularity=selective",
+                                       "model.recompute_modules=[moe_act,mlp,shared_experts]"});
+    expect_schedules_bit_identical(/*q_lora=*/true, recompute, 4);
+    const int world = comm::current_world_size();
+    const RunRecord with = testing::record_run(
+        epo::testing::run_config("tiny-moe", mla_overrides(world, true, recompute)), 4);
+    const RunRecord without = testing::record_run(
+        epo::testing::run_config("tiny-moe", mla_overrides(world, true, model)), 4);
+    expect_bit_identical(with, without);
+    EXPECT_GT(with.mtp_losses.front(), 0.0);
 }
 
 TEST(MlaTrainer, ActivationEstimateFollowsTheMeter) {

@@ -88,10 +88,23 @@ int count_of(const std::map<CallKey, int>& m, const CallKey& k) {
     return it == m.end() ? 0 : it->second;
 }
 
-std::vector<NodeKind> layer_nodes(bool is_moe) {
+// With shared-expert overlap (the deepseek-v3 recipe's baseline) a MoE layer's shared expert is
+// a node of its own.
+std::vector<NodeKind> layer_nodes(bool is_moe, bool shared_node) {
     if (!is_moe)
         return {NodeKind::kPreDispatch, NodeKind::kMlp};
+    if (shared_node)
+        return {NodeKind::kPreDispatch, NodeKind::kDispatch, NodeKind::kSharedExpert,
+                NodeKind::kMlp, NodeKind::kCombine};
     return {NodeKind::kPreDispatch, NodeKind::kDispatch, NodeKind::kMlp, NodeKind::kCombine};
+}
+
+// The compute calls of a plan with the shared expert's own calls taken out: pre_dispatch runs
+// them without shared-expert overlap (two schedules of one recipe compare with this).
+std::map<CallKey, int> without_shared_calls(std::map<CallKey, int> m) {
+    std::erase_if(m,
+                  [](const auto& kv) { return std::get<2>(kv.first) == NodeKind::kSharedExpert; });
+    return m;
 }
 
 // Every micro-batch: embedding, every layer's nodes and the output, forward and backward,
@@ -109,7 +122,8 @@ void expect_every_node_once(const StepPlan& plan, const std::string& what) {
                     << what << " mb" << mb << " " << schedule::node_name(node);
             }
             for (int l = 0; l < num_layers; ++l) {
-                for (NodeKind node : layer_nodes(plan.shape.moe_layers[static_cast<size_t>(l)])) {
+                for (NodeKind node : layer_nodes(plan.shape.moe_layers[static_cast<size_t>(l)],
+                                                 plan.shape.shared_expert_overlap)) {
                     ++expected;
                     const CallKey k{mb, l, node, phase};
                     ASSERT_EQ(count_of(m, k), 1)
@@ -232,9 +246,18 @@ TEST(StepPlan, EveryRecipeSchedulesEveryNodeOnceAndBucketsEveryPosition) {
                     EXPECT_EQ(plan->buckets[b].bytes, base.buckets[b].bytes) << w;
                 }
             }
-            // The same compute calls in both schedules (weight gradients apart).
-            EXPECT_EQ(model_calls(base.calls, true), model_calls(overlap.calls, true)) << what;
-            EXPECT_EQ(model_calls(base.calls, false), model_calls(delayed.calls, false)) << what;
+            // The same compute calls in both schedules (weight gradients apart; the baseline
+            // of a recipe with shared-expert overlap, which EP overlap turns off, runs the shared
+            // expert in calls of its own).
+            EXPECT_EQ(base.shape.shared_expert_overlap, t.recipe == "deepseek-v3") << what;
+            EXPECT_FALSE(overlap.shape.shared_expert_overlap || delayed.shape.shared_expert_overlap)
+                << what;
+            EXPECT_EQ(without_shared_calls(model_calls(base.calls, true)),
+                      model_calls(overlap.calls, true))
+                << what;
+            EXPECT_EQ(without_shared_calls(model_calls(base.calls, false)),
+                      model_calls(delayed.calls, false))
+                << what;
             expect_weight_grads_after_dgrads(delayed, what);
         }
     }

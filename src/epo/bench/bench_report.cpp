@@ -151,6 +151,7 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes, nlohmann::js
     return {{"name", r.schedule.name},
             {"overlap_moe_expert_parallel_comm", r.config.model.overlap_moe_expert_parallel_comm},
             {"delay_wgrad_compute", r.config.model.delay_wgrad_compute},
+            {"moe_shared_expert_overlap", r.config.model.moe_shared_expert_overlap},
             {"step_time_s",
              {{"median", r.step_time_s.median},
               {"min", r.step_time_s.min},
@@ -399,6 +400,25 @@ std::string format_inter_node(const nlohmann::json& metrics) {
     return inter_node_line(metrics);
 }
 
+namespace {
+// When the configuration overlaps its shared expert, which the overlap rows cannot (the
+// reference's rule EP011: EP overlap excludes it): which rows ran it and which did not.
+std::string shared_expert_note(const nlohmann::json& m) {
+    std::string with, without;
+    for (const auto& r : m.at("runs")) {
+        std::string& list = r.value("moe_shared_expert_overlap", false) ? with : without;
+        list += (list.empty() ? "" : ", ") + r.at("name").get<std::string>();
+    }
+    if (with.empty() || without.empty())
+        return "";
+    return fmt::format(
+        "note: shared-expert overlap (model.moe_shared_expert_overlap) ran in {} and was turned "
+        "off in {}: EP overlap excludes it (the reference's rule, EP011), so there the shared "
+        "expert runs inside pre_dispatch\n",
+        with, without);
+}
+}  // namespace
+
 std::string format_table(const nlohmann::json& m) {
     std::string out =
         fmt::format("{:<20} {:>26} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>9} {}\n",
@@ -450,6 +470,7 @@ std::string format_table(const nlohmann::json& m) {
                 achieved, target, achieved, target);
         }
     }
+    out += shared_expert_note(m);
     out += caps_line(m);
     out += format_trust(trust_flags(m));
     out += expert_load_line(m);

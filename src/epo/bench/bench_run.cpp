@@ -57,13 +57,18 @@ double max_over_ranks(double v, double timeout_s) {
 
 config::ConfigSources sources_for(const BenchOptions& options, const BenchSchedule* schedule,
                                   const std::vector<std::string>& extra) {
-    config::ConfigSources s = with_default_model(options.sources);
+    config::ConfigSources s = with_bench_model(options.sources);
     if (schedule) {
         // Last, so the schedule under comparison wins over the user's own overlap settings.
         s.overrides.push_back(fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}",
                                           schedule->overlap ? "true" : "false"));
         s.overrides.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}",
                                           schedule->delay_wgrad ? "true" : "false"));
+        // The reference's rule (EP011): EP overlap excludes shared-expert overlap, so the
+        // overlap rows run the shared expert inside pre_dispatch; the report says so when the
+        // configuration asked for it (format_table's shared-expert note).
+        if (schedule->overlap)
+            s.overrides.push_back("model.moe_shared_expert_overlap=false");
     }
     s.overrides.insert(s.overrides.end(), extra.begin(), extra.end());
     return s;
@@ -402,6 +407,67 @@ comm:
     return yaml;
 }
 
+const std::string& deepseek_v3_proxy_yaml() {
+    // Over the deepseek-v3 recipe, which keeps what the runtime runs: MLA with its real widths
+    // (q_lora_rank 1536, kv_lora_rank 512, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim
+    // 128, the latent norms), sigmoid routing with expert bias, group-limited top-k and the
+    // recipe's scaling factor 2.5, the fp32 router, the sequence aux loss, a shared expert of
+    // the real FFN 2048 with shared-expert overlap, the real expert FFN 2048, one MTP layer.
+    // Shrunk so that two CPU ranks finish a step in seconds (docs/bench.md gives the reasons):
+    // - hidden 1024 (7168), 16 heads (128; the same heads per hidden width);
+    // - 2 decoder layers, the first dense as the recipe's first 3 of 61 (moe_layer_freq), plus
+    //   the MTP layer (MoE, as the last decoder layer): one dense and two MoE layers;
+    // - the dense FFN 2688, the recipe's 18432 scaled as the hidden size (x 1024 / 7168, to a
+    //   multiple of 128; a first try with 10240 = (top-4 + 1 shared) x 2048 took 16 s a step
+    //   here and added 31 M dense parameters to a gradient traffic that already dwarfs the
+    //   all-to-alls, docs/bench.md);
+    // - 16 experts with top-4 (256, top-8), in 8 groups of which each token keeps 4 (the
+    //   recipe's 8 and 4), so group-limited routing still limits a token to half the groups;
+    // - sequence 256 (4096), 4 micro-batches per step, vocabulary 2048 (129280: a small
+    //   vocabulary keeps the dense gradient reduction below the all-to-all traffic);
+    // - 2 ranks as 2 nodes of 1 (all expert traffic crosses the modelled NIC), the distributed
+    //   optimizer with bucketed overlap and 8 MiB buckets, as the qwen3-30b-a3b proxy.
+    static const std::string yaml = R"(model:
+  num_layers: 2
+  moe_layer_freq: [0, 1]
+  hidden_size: 1024
+  num_attention_heads: 16
+  num_query_groups: 16
+  ffn_hidden_size: 2688
+  num_moe_experts: 16
+  moe_router_topk: 4
+  moe_router_num_groups: 8
+  moe_router_group_topk: 4
+  seq_length: 256
+  vocab_size: 2048
+  expert_model_parallel_size: 2
+train:
+  micro_batch_size: 1
+  global_batch_size: 8
+  train_iters: 3
+  lr_warmup_iters: 1
+ddp:
+  use_distributed_optimizer: true
+comm_overlap:
+  tp_comm_overlap: false
+  overlap_grad_reduce: true
+  overlap_param_gather: true
+  bucket_size: 8388608
+comm:
+  num_nodes: 2
+  gpus_per_node: 1
+)";
+    return yaml;
+}
+
+const std::string* bench_proxy_yaml(const std::string& recipe) {
+    if (recipe == kProxyRecipe)
+        return &proxy_yaml();
+    if (recipe == "deepseek-v3")
+        return &deepseek_v3_proxy_yaml();
+    return nullptr;
+}
+
 int launch_world_size(const config::Config& built) {
     const config::CommConfig& comm = built.comm;
     const std::int64_t nodes = comm.num_nodes.value_or(1);
@@ -436,6 +502,17 @@ config::ConfigSources with_default_model(config::ConfigSources sources, bool* is
     if (is_proxy) {
         *is_proxy = proxy;
     }
+    return sources;
+}
+
+config::ConfigSources with_bench_model(config::ConfigSources sources, bool* is_proxy) {
+    const bool no_file = !sources.config_path && !sources.config_text;
+    const std::string* yaml = no_file && sources.model ? bench_proxy_yaml(*sources.model) : nullptr;
+    if (!yaml)
+        return with_default_model(std::move(sources), is_proxy);
+    sources.config_text = *yaml;
+    if (is_proxy)
+        *is_proxy = true;
     return sources;
 }
 
@@ -591,7 +668,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
         if (const std::string w = bench_warnings(options, job); !w.empty())
             log << w << std::flush;
     }
-    with_default_model(options.sources, &result.proxy);
+    with_bench_model(options.sources, &result.proxy);
     // Every rank looks before any creates anything (the reduction orders the two), so all reach
     // the same verdict on --out and none waits alone.
     int out_in_use = 0;

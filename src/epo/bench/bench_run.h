@@ -46,8 +46,17 @@ const std::vector<BenchSchedule>& compare_schedules();
 // real layer widths, as a YAML layer over the recipe, so harness flags and KEY=VALUE still win.
 extern const char* const kProxyRecipe;
 const std::string& proxy_yaml();
-// `sources` with the proxy layer added when they name neither a model nor a config file.
+// The proxy of deepseek-v3 (docs/bench.md "A proxy of deepseek-v3"), built the same way.
+const std::string& deepseek_v3_proxy_yaml();
+// The bench proxy of a recipe, or nullptr for a recipe that has none.
+const std::string* bench_proxy_yaml(const std::string& recipe);
+// `sources` with the proxy layer added when they name neither a model nor a config file (epo
+// plan's default as well as epo bench's).
 config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy = nullptr);
+// What epo bench runs: with a config file, or a model without a proxy, `sources` as they are;
+// with no model the qwen3-30b-a3b proxy, with a model that has a proxy (qwen3-30b-a3b,
+// deepseek-v3; the full models cannot fit on a CPU host) its proxy.
+config::ConfigSources with_bench_model(config::ConfigSources sources, bool* is_proxy = nullptr);
 
 // How many ranks `epo bench` starts on this host for a built configuration: comm.num_nodes x
 // comm.gpus_per_node where stated; an unstated comm.num_nodes is 1 and an unstated

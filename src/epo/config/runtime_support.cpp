@@ -106,6 +106,7 @@ const std::vector<FeatureRow>& rows() {
         {{"RT010", "fp32 training (neither bf16 nor fp16)", &RC::fp32_training},
          [](C c) { return when(!c.model.bf16 && !c.model.fp16, "model.bf16", "false"); },
          "set model.bf16=true"},
+        // Shared-expert overlap runs (schedule.h "Shared-expert overlap").
         {{"RT011", "shared-expert overlap", &RC::shared_expert_overlap},
          [](C c) {
              return when(c.model.moe_shared_expert_overlap, "model.moe_shared_expert_overlap",
@@ -357,6 +358,7 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.pipeline_parallel = true;      // schedule/pipeline_schedule.h, docs/pipeline.md
     caps.uneven_pipeline = true;        // config/pipeline_layout.h, used by model and schedule
     caps.full_recompute = true;         // schedule.h "Full recompute", model/gpt_model.h
+    caps.shared_expert_overlap = true;  // schedule.h "Shared-expert overlap", moe/moe_block.h
     return caps;
 }
 

@@ -31,7 +31,7 @@ struct RuntimeCapabilities {
     bool full_recompute = false;               // RT008 (runs now)
     bool fp16 = false;                         // RT009
     bool fp32_training = false;                // RT010
-    bool shared_expert_overlap = false;        // RT011
+    bool shared_expert_overlap = false;        // RT011 (runs now)
     bool param_gather_overlap = false;         // RT012 (without a distributed optimizer: never)
     bool distributed_optimizer = false;        // RT013
     bool tp_comm_overlap = false;              // RT014

@@ -621,6 +621,18 @@ void GptModel::run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeA
                 combine_backward(s, p, st, m.dx[at + 1]->t, a);
             }
             return;
+        case NodeKind::kSharedExpert:
+            EPO_CHECK(s.is_moe && s.moe.shared_expert_overlap && c.phase != Phase::kBackwardDw &&
+                          !c.wgrad_delayed,
+                      "{}: a shared-expert call for a layer that does not overlap its shared "
+                      "expert (model.moe_shared_expert_overlap and the schedule disagree)",
+                      schedule::call_name(c));
+            if (forward) {
+                shared_expert_forward(s, p, st, a);
+            } else {
+                shared_expert_backward(s, p, st, m.dx[at + 1]->t, a);
+            }
+            return;
         default:
             EPO_CHECK(false, "node {} is not a layer node", schedule::node_name(c.node));
     }
@@ -674,6 +686,8 @@ std::vector<schedule::NodeCall> GptModel::straight_calls(int mb, schedule::Phase
         add(l, NodeKind::kPreDispatch, ph);
         if (moe)
             add(l, NodeKind::kDispatch, ph);
+        if (moe && layer_shapes_[static_cast<size_t>(l)].moe.shared_expert_overlap)
+            add(l, NodeKind::kSharedExpert, ph);
         add(l, NodeKind::kMlp, ph);
         if (moe)
             add(l, NodeKind::kCombine, ph);

@@ -248,6 +248,44 @@ void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, 
         add_into(st.h.rows(r.begin, r.end), y, out.rows(r.begin, r.end));
 }
 
+// n2 for the shared expert's node: the kept one, or recomputed (layernorm) into the node's
+// scratch without touching the state's other views (a comm node of this micro-batch runs
+// meanwhile).
+namespace {
+Tensor shared_expert_input(const LayerShape& s, const LayerParams& p, const LayerState& st,
+                           Arena& scratch) {
+    if (st.n2.defined())
+        return st.n2;
+    Tensor n2 = scratch.alloc({s.tokens, s.hidden}, s.compute_dtype);
+    rmsnorm_recompute(st.h, p.pre_mlp_norm, st.rstd2, n2);
+    return n2;
+}
+}  // namespace
+
+void shared_expert_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                           const NodeArgs& a) {
+    EPO_CHECK(s.is_moe, "a shared-expert node in a dense layer");
+    moe::block_shared_expert_forward(block_of(s, p, a), shared_expert_input(s, p, st, *a.scratch),
+                                     st.moe, st.arena);
+    if (s.recompute.layernorm)
+        st.moe.shared.x = Tensor();  // a view of the node's scratch
+}
+
+void shared_expert_backward(const LayerShape& s, LayerParams& p, LayerState& st,
+                            const Tensor& d_out, const NodeArgs& a) {
+    EPO_CHECK(s.is_moe, "a shared-expert node in a dense layer");
+    Arena& scratch = *a.scratch;
+    st.moe.shared.x = shared_expert_input(s, p, st, scratch);
+    // The output gradient in the compute dtype, as the combine backward converts it for itself
+    // (the same rounding): that node runs meanwhile and owns d_out_c.
+    Tensor dy = scratch.alloc(d_out.shape(), s.compute_dtype);
+    to_compute(d_out, dy);
+    st.dn2 = st.arena.alloc({s.tokens, s.hidden}, DType::kF32);
+    moe::block_shared_expert_backward(block_of(s, p, a), dy, st.dn2, st.moe, st.arena, scratch);
+    if (s.recompute.layernorm)
+        st.moe.shared.x = Tensor();
+}
+
 void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
                       const Tensor& d_out, const NodeArgs& a) {
     // Each chunk converts the rows it reads (by experts the first chunk reads them all); the
@@ -304,7 +342,9 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
         // The shared expert's recompute reads n2, and so does a router / shared-expert wgrad
         // in this node.
         normed2(s, p, st, scratch);
-        st.dn2 = st.arena.alloc({T, H}, DType::kF32);
+        // With shared-expert overlap the shared expert's node allocated dn2 and wrote its term.
+        if (!s.moe.shared_expert_overlap)
+            st.dn2 = st.arena.alloc({T, H}, DType::kF32);
         moe::block_pre_dispatch_backward(block_of(s, p, a), a.loss_grad_scale, st.moe, st.dn2,
                                          st.arena, scratch);
     }

@@ -4,6 +4,8 @@
 //
 //   pre_dispatch  n1 = norm(x); h = x + attention(n1); n2 = norm(h);
 //                 MoE: the block's pre_dispatch (shared expert, router, dispatch preprocess)
+//   (shared_expert with shared-expert overlap: the shared expert, out of pre_dispatch, beside the
+//                 dispatch; its backward beside the combine backward)
 //   dispatch      MoE block: the token dispatcher's counts and payload            (comm stream)
 //   mlp           MoE block: the experts; dense: out = h + mlp(n2)
 //   combine       MoE block: the payload back, + shared expert; out = h + moe(n2)  (comm stream)
@@ -143,6 +145,16 @@ void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, cons
 // out is not written (the state is, as always).
 void combine_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                      const NodeArgs& a);
+
+// Shared-expert overlap (s.moe.shared_expert_overlap): the MoE block's shared expert as a node
+// of its own (schedule.h "Shared-expert overlap"), beside the dispatch in the forward and the
+// combine backward in the backward; it reads what those read (n2, d_out) and writes only the
+// block's shared-expert state (and, backward, the start of dn2), so it may run at the same time.
+void shared_expert_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
+                           const NodeArgs& a);
+// d_out (T, H) f32: gradient of the layer output. The shared expert's dgrad and wgrad.
+void shared_expert_backward(const LayerShape& s, LayerParams& p, LayerState& st,
+                            const Tensor& d_out, const NodeArgs& a);
 
 // d_out (T, H) f32: gradient of the layer output.
 void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,

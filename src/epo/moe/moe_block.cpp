@@ -95,13 +95,12 @@ TokenRows combine_grad_rows(const MoeConfig& cfg, std::int64_t num_tokens, int c
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
                                 MoeBlockState& st, Arena& arena, Arena* scratch) {
     const std::int64_t T = x.dim(0), C = num_chunks(b);
-    if (b.cfg.has_shared_experts()) {
+    st.shared_out = Tensor();
+    if (b.cfg.has_shared_experts() && !b.cfg.shared_expert_overlap) {
         st.shared_out = arena.alloc({T, b.cfg.hidden_size}, DType::kF32);
         shared_expert_forward(
             b.params.shared, x, st.shared_out, st.shared, arena,
             b.cfg.recompute_shared_experts ? FfnRecompute::kAll : FfnRecompute::kNone, scratch);
-    } else {
-        st.shared_out = Tensor();
     }
     st.router = router_forward(b.cfg, b.params.router, x, num_sequences, arena);
     st.chunks.resize(static_cast<size_t>(C));
@@ -121,6 +120,16 @@ void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t
         b.dispatcher.dispatch_preprocess(routing_rows(st.router, r), x.rows(r.begin, r.end),
                                          *st.chunks[static_cast<size_t>(c)].dispatch, arena);
     }
+}
+
+void block_shared_expert_forward(const MoeBlock& b, const Tensor& x, MoeBlockState& st,
+                                 Arena& arena) {
+    EPO_CHECK(b.cfg.shared_expert_overlap,
+              "the shared expert's own node in a block that runs it in pre_dispatch "
+              "(moe_shared_expert_overlap is off)");
+    st.shared_out = arena.alloc({x.dim(0), b.cfg.hidden_size}, DType::kF32);
+    shared_expert_forward(b.params.shared, x, st.shared_out, st.shared, arena, FfnRecompute::kNone,
+                          nullptr);
 }
 
 void block_dispatch_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
@@ -159,6 +168,9 @@ void block_combine_forward(const MoeBlock& b, const DispatchComms& comms, MoeBlo
     }
     const TokenRows r = rows_of(b, st, chunk);
     check_tensor(y, {r.end - r.begin, b.cfg.hidden_size}, DType::kF32, "MoE block chunk output");
+    EPO_CHECK(!b.cfg.has_shared_experts() || st.shared_out.defined(),
+              "the combine of a block whose shared expert has not run (with "
+              "moe_shared_expert_overlap its node must come before the combine)");
     const Tensor shared = st.shared_out.defined() && num_chunks(b) > 1
                               ? st.shared_out.rows(r.begin, r.end)
                               : st.shared_out;
@@ -205,15 +217,48 @@ void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeB
     b.dispatcher.token_dispatch_backward(comms, dispatch_of(b, st, chunk), group_of(b, chunk));
 }
 
-// dx = unpermute + the router's term + the shared expert's, summed in f32 in that order (the
-// reference layer's order). The first two are one pass over the tokens; the shared expert's
-// dgrad is a product that accumulates into the whole of dx after it. With chunks, a token's row
-// gradients come from its chunk's dispatcher state (the same sum, the same order).
+namespace {
+
+// The shared expert's input gradient (T, H) f32 into dx: one product over all rows into zeros,
+// so dx holds round(dh W1) whichever node runs it.
+void shared_expert_dgrad_into(const MoeBlock& b, const Tensor& dy, const Tensor& dx,
+                              MoeBlockState& st, Arena& arena, Arena* scratch) {
+    dx.fill_zero();
+    shared_expert_backward_dgrad(b.params.shared, dy, dx, st.shared, arena, scratch);
+}
+
+}  // namespace
+
+void block_shared_expert_backward(const MoeBlock& b, const Tensor& dy, const Tensor& dx,
+                                  MoeBlockState& st, Arena& arena, Arena& scratch) {
+    EPO_CHECK(b.cfg.shared_expert_overlap,
+              "the shared expert's own node in a block that runs it in pre_dispatch "
+              "(moe_shared_expert_overlap is off)");
+    check_tensor(dx, {dy.dim(0), b.cfg.hidden_size}, DType::kF32, "MoE block dx");
+    shared_expert_dgrad_into(b, dy, dx, st, arena, nullptr);
+    shared_expert_backward_wgrad(b.params.shared, b.cfg.gradient_accumulation_fusion, st.shared,
+                                 scratch);
+    st.shared.dy = Tensor();  // the caller's node-local copy; nothing reads it after the wgrad
+}
+
+// dx = (unpermute + the router's term) + the shared expert's, summed in f32 in that order (the
+// reference layer's order). The shared expert's term is one product over all rows, written to dx
+// first: here, or with shared-expert overlap by its own node before this one (the same product
+// into the same zeros, so the bits do not depend on which). Then one pass over the tokens sums
+// a token's row gradients and the router's term in a row of its own and adds the shared term to
+// it. With chunks, a token's row gradients come from its chunk's dispatcher state (the same sum,
+// the same order).
 void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBlockState& st,
                                  const Tensor& dx, Arena& arena, Arena& scratch) {
     const std::int64_t T = dx.dim(0), H = b.cfg.hidden_size;
     const std::int64_t C = by_experts(b) ? 1 : num_chunks(b);  // dispatcher states
     check_tensor(dx, {T, H}, DType::kF32, "MoE block dx");
+    const bool shared = b.cfg.has_shared_experts();
+    if (shared && !b.cfg.shared_expert_overlap)
+        shared_expert_dgrad_into(b, st.dy, dx, st, arena, &scratch);
+    EPO_CHECK(!shared || st.shared.dgrad_done,
+              "the pre_dispatch backward of a block whose shared expert's backward has not run "
+              "(with moe_shared_expert_overlap its node must come before)");
     Tensor dweight = scratch.alloc({T, b.cfg.topk}, DType::kF32);
     for (int c = 0; c < C; ++c) {
         const TokenRows r = token_chunk_rows(T, C, c);
@@ -222,22 +267,28 @@ void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBl
     }
     router_backward_dlogits(b.cfg, b.params.router, dweight, loss_grad_scale, st.router, arena);
     float* out = dx.data<float>();
+    // (H) f32: a token's unpermuted rows and router term, before the shared term is added.
+    float* row = shared ? scratch.alloc({H}, DType::kF32).data<float>() : nullptr;
     for (int c = 0; c < C; ++c) {
         const TokenRows r = token_chunk_rows(T, C, c);
         const DispatchState& d = *chunk_of(b, st, c).dispatch;
         for (std::int64_t t = r.begin; t < r.end; ++t) {
-            b.dispatcher.token_row_sum(d, t - r.begin, out + t * H);
-            router_dx_add_row(b.cfg, b.params.router, st.router, t, out + t * H);
+            float* acc = shared ? row : out + t * H;
+            b.dispatcher.token_row_sum(d, t - r.begin, acc);
+            router_dx_add_row(b.cfg, b.params.router, st.router, t, acc);
+            if (shared) {
+                float* o = out + t * H;
+                for (std::int64_t i = 0; i < H; ++i)
+                    o[i] = acc[i] + o[i];
+            }
         }
-    }
-    if (b.cfg.has_shared_experts()) {
-        shared_expert_backward_dgrad(b.params.shared, st.dy, dx, st.shared, arena, &scratch);
     }
 }
 
 void block_pre_dispatch_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch) {
     router_backward_wgrad(b.cfg, b.params.router, st.router, scratch);
-    if (b.cfg.has_shared_experts()) {
+    // With shared-expert overlap the shared expert's node ran its wgrad with its dgrad.
+    if (b.cfg.has_shared_experts() && !b.cfg.shared_expert_overlap) {
         shared_expert_backward_wgrad(b.params.shared, b.cfg.gradient_accumulation_fusion, st.shared,
                                      scratch);
     }

@@ -5,6 +5,8 @@
 // they are compared with.
 //
 //   pre_dispatch  shared expert, router, dispatch_preprocess                  (compute stream)
+//   shared_expert with cfg.shared_expert_overlap: the shared expert, out of pre_dispatch, beside
+//                 the dispatch (and its backward beside the combine backward)  (compute stream)
 //   dispatch      token_dispatch: counts, then rows and weights                   (comm stream)
 //   mlp           dispatch_postprocess, experts, combine_preprocess             (compute stream)
 //   combine       token_combine, combine_postprocess (+ shared expert)            (comm stream)
@@ -97,6 +99,21 @@ struct MoeBlockState {
 // `scratch`, the node's, which those settings need.
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
                                 MoeBlockState& st, Arena& arena, Arena* scratch = nullptr);
+// Shared-expert overlap (cfg.shared_expert_overlap; without it pre_dispatch runs the shared
+// expert and pre_dispatch's backward its dgrad, backward_dw its wgrad): the shared expert is a
+// node of its own on the compute stream, which the schedule issues right after the dispatch
+// (forward) and the combine backward (backward), so it computes while their all-to-alls are in
+// flight, as Megatron-Core's shared-expert stream does. x (T, H) compute dtype, the block input
+// (what pre_dispatch read); its output waits in the state for the combine.
+void block_shared_expert_forward(const MoeBlock& b, const Tensor& x, MoeBlockState& st,
+                                 Arena& arena);
+// dy (T, H) compute dtype: the block output's gradient (the node's own copy); dx (T, H) f32: the
+// block's input gradient, which this overwrites with the shared expert's term (the pre_dispatch
+// backward adds the routed and router terms to it); then the shared expert's wgrad (`scratch`
+// its workspace).
+void block_shared_expert_backward(const MoeBlock& b, const Tensor& dy, const Tensor& dx,
+                                  MoeBlockState& st, Arena& arena, Arena& scratch);
+
 // The chunked nodes take the chunk `chunk` (0..C-1; 0 with C = 1). Two nodes of different
 // chunks may run at once on two threads, allocating from the same `arena` (arena.h: allocation
 // is thread-safe).
@@ -117,10 +134,11 @@ void block_mlp_backward(const MoeBlock& b, MoeBlockState& st, Arena& arena, int 
 void block_mlp_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch, int chunk = 0);
 void block_dispatch_backward(const MoeBlock& b, const DispatchComms& comms, MoeBlockState& st,
                              int chunk = 0);
-// dx (T, H) f32 = gradient of the block input (overwritten). loss_grad_scale multiplies the
-// aux/z-loss gradients (1 / number of micro-batches). A recomputed shared expert's h and a are
-// recomputed into `scratch` and stay in st.shared for a wgrad in the same node; the caller drops
-// them (drop_recomputed) when the node ends.
+// dx (T, H) f32 = gradient of the block input (overwritten; with shared-expert overlap it holds
+// the shared expert's term from block_shared_expert_backward, which this adds to). loss_grad_scale
+// multiplies the aux/z-loss gradients (1 / number of micro-batches). A recomputed shared expert's h
+// and a are recomputed into `scratch` and stay in st.shared for a wgrad in the same node; the
+// caller drops them (drop_recomputed) when the node ends.
 void block_pre_dispatch_backward(const MoeBlock& b, float loss_grad_scale, MoeBlockState& st,
                                  const Tensor& dx, Arena& arena, Arena& scratch);
 void block_pre_dispatch_backward_dw(const MoeBlock& b, MoeBlockState& st, Arena& scratch);

@@ -105,6 +105,13 @@ void validate_moe_config(const MoeConfig& c) {
         bad(fmt::format("moe_shared_expert_intermediate_size={} must be >= 0",
                         c.shared_expert_size));
     }
+    if (c.shared_expert_overlap && (!c.has_shared_experts() || c.recompute_shared_experts)) {
+        bad(
+            fmt::format("moe_shared_expert_overlap=true needs a shared expert "
+                        "(moe_shared_expert_intermediate_size={}) that is not recomputed "
+                        "(recompute_modules without shared_experts, as rule MC010 says)",
+                        c.shared_expert_size));
+    }
 }
 
 DType compute_dtype(const MoeConfig& cfg) {
@@ -185,6 +192,9 @@ MoeConfig moe_config_from(const config::ModelConfig& m) {
     c.recompute_moe_act = config::recomputes_module(m, config::RecomputeModule::kMoeAct);
     c.recompute_shared_experts =
         config::recomputes_module(m, config::RecomputeModule::kSharedExperts);
+    // The reference's rule: EP overlap and shared-expert overlap exclude each other (EP011).
+    c.shared_expert_overlap = m.moe_shared_expert_overlap && c.shared_expert_size > 0 &&
+                              !m.overlap_moe_expert_parallel_comm;
     // flex without a backend was turned into alltoall at finalization (W009); allgather is
     // refused before a run (RT016).
     if (m.moe_token_dispatcher_type == config::DispatcherType::kFlex &&

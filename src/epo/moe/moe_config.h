@@ -66,6 +66,11 @@ struct MoeConfig {
     // output and activation, recomputed from its input in the backward (experts.h).
     bool recompute_moe_act = false;
     bool recompute_shared_experts = false;
+    // moe_shared_expert_overlap (with a shared expert, without EP overlap, which excludes it):
+    // the shared expert is a node of its own (block_shared_expert_forward / _backward), which
+    // the schedule runs on the compute stream while the dispatch's all-to-all (forward) and the
+    // combine backward's (backward) are in flight (docs/model.md "Shared-expert overlap").
+    bool shared_expert_overlap = false;
 
     bool has_shared_experts() const { return shared_expert_size > 0; }
 };

@@ -141,6 +141,20 @@ double chunk_share(const PlanModel& m, const NodeCall& call) {
     return call.moe_chunk >= 0 ? static_cast<double>(m.shape.moe.num_chunks) : 1.0;
 }
 
+namespace {
+// The shared expert's forward: fc1 (Tc, 2 Fs, H), fc2 (Tc, H, Fs), SwiGLU.
+void plan_shared_expert_work(const PlanModel& m, ForwardWork& w) {
+    const model::GptShape& s = m.shape;
+    const double c = static_cast<double>(m.compute_bytes), H = static_cast<double>(s.hidden);
+    const double Tc = static_cast<double>(s.tokens()) / m.cp_size;
+    const double Fs = static_cast<double>(s.moe.shared_expert_size) / m.tp_size;
+    w.weight_gemms.push_back({Tc, 2 * Fs, H});
+    w.weight_gemms.push_back({Tc, H, Fs});
+    w.elementwise_bytes += Tc * 3 * Fs * c;
+    w.tp_collectives += 2;
+}
+}  // namespace
+
 ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
     const model::GptShape& s = m.shape;
     const double c = static_cast<double>(m.compute_bytes);
@@ -160,17 +174,16 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
                 w.weight_gemms.push_back({.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
                 // Permuting this rank's own Ts k rows (balanced on the sending side), top-k.
                 w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
-                // The shared expert runs here, beside the router (moe_block.cpp).
-                if (s.moe.shared_expert_size > 0) {
-                    const double Fs = static_cast<double>(s.moe.shared_expert_size) / m.tp_size;
-                    w.weight_gemms.push_back({Tc, 2 * Fs, H});
-                    w.weight_gemms.push_back({Tc, H, Fs});
-                    w.elementwise_bytes += Tc * 3 * Fs * c;
-                    w.tp_collectives += 2;
-                }
+                // The shared expert runs here, beside the router (moe_block.cpp), unless it is
+                // a node of its own (shared-expert overlap).
+                if (s.moe.shared_expert_size > 0 && !s.moe.shared_expert_overlap)
+                    plan_shared_expert_work(m, w);
             }
             break;
         }
+        case NodeKind::kSharedExpert:
+            plan_shared_expert_work(m, w);
+            break;
         case NodeKind::kMlp:
             mlp_work(m, call, moe, 1 / chunk_share(m, call), w);
             break;

@@ -16,9 +16,21 @@ std::vector<CallSpan> critical_path_spans(
     std::map<int, double> bucket_gathered;
     std::vector<CallSpan> spans;
     spans.reserve(calls.size());
+    // What a call beside the previous one waits for (executor.h): the previous call's micro-batch,
+    // every chunk, as it was before that call.
+    double beside_ready = 0.0;
     for (const NodeCall& c : calls) {
         double& free = stream_free[stream_of(c.node) == StreamId::kCompute ? 0 : 1];
         double start = free;
+        if (runs_beside_previous(c.node)) {
+            start = std::max(start, beside_ready);
+            free = start + duration_s(c);
+            spans.push_back({start, free});
+            continue;
+        }
+        beside_ready = 0.0;
+        for (int k = 0; k < num_chunks; ++k)
+            beside_ready = std::max(beside_ready, micro_batch_done[{c.micro_batch, k}]);
         const int first = c.moe_chunk >= 0 ? c.moe_chunk : 0;
         const int last = c.moe_chunk >= 0 ? c.moe_chunk + 1 : num_chunks;
         if (waits_for_micro_batch(c.node)) {

@@ -127,7 +127,8 @@ private:
     }
     // A MoE layer's three chunked nodes while its unit runs alone: `in` (comm), `compute`, `out`
     // (comm) per chunk, as a pipeline with overlap, chunk by chunk without (schedule.h "MoE
-    // chunks"). `after_in` runs once, right after the last chunk's `in`.
+    // chunks"). `after_in` runs once, right after the last chunk's `in`. With shared-expert
+    // overlap the shared expert's call follows chunk 0's `in` (schedule.h).
     template <class AfterIn>
     void chunk_nodes(const Unit& u, int l, Phase phase, NodeKind in, NodeKind compute, NodeKind out,
                      AfterIn after_in) {
@@ -135,6 +136,8 @@ private:
         const auto chunk = [n](int c) { return n > 1 ? c : -1; };
         const auto add_in = [&](int c) {
             add(u, l, in, phase, false, -1, chunk(c));
+            if (c == 0 && shape_.shared_expert_overlap)
+                add(u, l, NodeKind::kSharedExpert, phase);
             if (c == n - 1)
                 after_in();
         };

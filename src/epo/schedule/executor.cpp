@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <stdexcept>
 
 namespace epo::schedule {
 
@@ -40,15 +41,41 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
     }
     // Every task shares one copy of the body, alive until the last task has run.
     auto shared_body = std::make_shared<const NodeBody>(std::move(body));
-    for (const NodeCall& call : calls) {
-        runtime::Stream& stream =
-            stream_of(call.node) == StreamId::kCompute ? *streams.compute : *streams.comm;
+    const auto stream_for = [&](const NodeCall& call) -> runtime::Stream& {
+        return stream_of(call.node) == StreamId::kCompute ? *streams.compute : *streams.comm;
+    };
+    for (size_t i = 0; i < calls.size(); ++i) {
+        const NodeCall& call = calls[i];
+        runtime::Stream& stream = stream_for(call);
         const std::vector<runtime::Event*> chain = chunk_events(call);
+        if (runs_beside_previous(call.node)) {
+            if (i == 0)
+                throw std::logic_error(fmt::format(
+                    "{} runs beside the previous call, but comes first", call_name(call)));
+            // Its waits were issued with the previous call's (below); it records nothing.
+            stream.enqueue(call_name(call), [shared_body, call](runtime::StreamContext& ctx) {
+                (*shared_body)(call, ctx);
+            });
+            continue;
+        }
         // Why: the previous call of this micro-batch (of this chunk) may be on the other
         // stream; this wait binds to its record, so the call starts only when its inputs exist.
         if (waits_for_micro_batch(call.node)) {
             for (runtime::Event* e : chain)
                 stream.wait(*e);
+        }
+        // A call that runs beside this one waits for what this one waits for: issued now, its
+        // wait binds to the records before this call's (CUDA semantics), so it does not wait for
+        // this call. A whole call: every chunk's event.
+        if (i + 1 < calls.size() && runs_beside_previous(calls[i + 1].node)) {
+            const NodeCall& beside = calls[i + 1];
+            if (beside.micro_batch != call.micro_batch ||
+                stream_of(beside.node) == stream_of(call.node))
+                throw std::logic_error(fmt::format(
+                    "{} runs beside {}, which is not a call of its micro-batch on the other stream",
+                    call_name(beside), call_name(call)));
+            for (runtime::Event* e : chunk_events(beside))
+                stream_for(beside).wait(*e);
         }
         if (call.wait_bucket >= 0)
             stream.wait(gathered.at(static_cast<size_t>(call.wait_bucket)));

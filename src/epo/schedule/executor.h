@@ -5,8 +5,10 @@
 // gradient reduction waits like any call but records nothing, so the micro-batch's next call
 // does not wait for it. With MoE chunks (schedule.h) the event is per (micro-batch, chunk): a
 // chunk's call waits on and records its chunk's event, a whole call all of the micro-batch's, so
-// chunk c+1's dispatch runs while chunk c's experts compute. The issuing thread never waits for
-// computation.
+// chunk c+1's dispatch runs while chunk c's experts compute. A call that runs beside the previous
+// one (schedule.h runs_beside_previous: the shared expert beside the dispatch) has its waits issued
+// before that call's records, so it waits for that call's inputs, not for the call, and records
+// nothing. The issuing thread never waits for computation.
 #pragma once
 
 #include <functional>

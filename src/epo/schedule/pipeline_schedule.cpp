@@ -146,6 +146,11 @@ void check_pipeline_shape(const PipelineShape& s) {
             "num_moe_chunks {} must be at least 1 (1: whole micro-batches)", s.num_moe_chunks));
     }
     check_layout(s);
+    if (s.shared_expert_overlap && s.overlap) {
+        throw std::invalid_argument(
+            "shared-expert overlap with the EP-overlap schedule: the two exclude each other "
+            "(rule EP011); set model.moe_shared_expert_overlap=false");
+    }
     if (s.num_chunks > 1 && s.num_micro_batches % s.num_stages != 0) {
         throw std::invalid_argument(
             fmt::format("pipeline shape: the interleaved schedule runs micro-batches in groups "

@@ -85,6 +85,9 @@ struct PipelineShape {
     bool pair_edges = false;       // overlap only, as ScheduleShape::pair_edges
     // As ScheduleShape::recompute_first ([L], empty: none); a group lies within one model chunk.
     std::vector<int> recompute_first;
+    // As ScheduleShape::shared_expert_overlap; refused with `overlap` (the combined and paired
+    // steps have no place for it: the reference's rule, EP011).
+    bool shared_expert_overlap = false;
     // [stage][chunk] the layers each model chunk holds; empty: the even split.
     std::vector<std::vector<ChunkLayers>> layout;
     // [stage] bucket ends in ScheduleShape's format over the stage's own positions (descending,

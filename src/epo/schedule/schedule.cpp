@@ -43,6 +43,8 @@ const char* node_name(NodeKind node) {
             return "send_backward";
         case NodeKind::kRecvBackward:
             return "recv_backward";
+        case NodeKind::kSharedExpert:
+            return "shared_expert";
     }
     return "?";
 }
@@ -115,7 +117,8 @@ std::vector<NodeCall> one_stage(const ScheduleShape& shape, bool overlap) {
                     .delay_wgrad = overlap && shape.delay_wgrad,
                     .num_moe_chunks = shape.num_moe_chunks,
                     .pair_edges = overlap && shape.pair_edges,
-                    .recompute_first = shape.recompute_first};
+                    .recompute_first = shape.recompute_first,
+                    .shared_expert_overlap = shape.shared_expert_overlap};
     if (!shape.grad_bucket_ends.empty())
         p.stage_grad_bucket_ends = {shape.grad_bucket_ends};
     if (!shape.param_bucket_ends.empty())

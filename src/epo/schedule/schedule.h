@@ -80,6 +80,19 @@
 // same inputs with the same routing (the expert bias changes only at step end), so gradients stay
 // bit-identical.
 //
+// Shared-expert overlap (shared_expert_overlap, baseline schedules only: the reference's rule
+// makes it exclusive with EP overlap): a MoE layer's shared expert leaves pre_dispatch and
+// becomes a compute-stream call of its own, issued right after the call whose all-to-all it
+// hides, as Megatron-Core launches it on its shared-expert stream:
+//   forward   pre_dispatch dispatch shared_expert mlp combine
+//   backward  combine shared_expert mlp dispatch pre_dispatch
+// (with MoE chunks, after chunk 0's dispatch / combine backward; in a full recompute as in the
+// forward). It runs beside that call (runs_beside_previous): it needs only what the call needs
+// (the norm's output n2; the layer output's gradient), so it computes while the all-to-all is in
+// flight, and the mlp after it waits for the all-to-all as before. Its backward computes the
+// shared expert's input gradient (into the block's dx, which pre_dispatch's backward completes
+// with the same sums in the same order) and its weight gradient: the bits of the run without it.
+//
 // MoE chunks (num_moe_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
 // and combine run once per chunk of the micro-batch (a group of the local experts, or of the
 // tokens; the schedule does not care which) (NodeCall::moe_chunk = c); the
@@ -119,7 +132,11 @@ enum class NodeKind {
     kSendForward,
     kRecvForward,
     kSendBackward,
-    kRecvBackward
+    kRecvBackward,
+    // Shared-expert overlap (ScheduleShape::shared_expert_overlap, "Shared-expert overlap"
+    // above): a MoE layer's shared expert as a compute-stream node of its own, right after the
+    // dispatch (forward, recompute) and the combine backward (backward).
+    kSharedExpert
 };
 // kRecompute: a forward node run again in the backward of a fully recomputed layer
 // (ScheduleShape::recompute_first), to rebuild the activations its forward did not keep.
@@ -162,6 +179,13 @@ inline bool is_side_branch(NodeKind node) {
 inline bool waits_for_micro_batch(NodeKind node) {
     return node != NodeKind::kParamGather;
 }
+// A call that runs beside its micro-batch's previous call (the shared expert beside the
+// dispatch or the combine backward): it waits for what that call waits for, not for the call
+// itself, and records nothing, so the two run at once on their two streams; the micro-batch's
+// next call on its stream follows it in stream order (executor.h).
+inline bool runs_beside_previous(NodeKind node) {
+    return node == NodeKind::kSharedExpert;
+}
 inline bool is_pipeline_transfer(NodeKind node) {
     return node == NodeKind::kSendForward || node == NodeKind::kRecvForward ||
            node == NodeKind::kSendBackward || node == NodeKind::kRecvBackward;
@@ -197,6 +221,9 @@ struct ScheduleShape {
     // layer of the recompute group layer l belongs to, -1 for a layer that keeps its activations;
     // empty: none recomputed. A group is a run of consecutive layers of one model chunk.
     std::vector<int> recompute_first;
+    // Baseline only (model.moe_shared_expert_overlap; EP overlap excludes it, rule EP011): every
+    // MoE layer's shared expert is a kSharedExpert call ("Shared-expert overlap" above).
+    bool shared_expert_overlap = false;
 };
 
 // The number of MoE chunks a list of calls uses: 1 + the largest moe_chunk (at least 1).

@@ -134,12 +134,17 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
                               .num_moe_chunks = m.moe_ep_overlap_num_chunks,
                               .pair_edges = plan.overlap && m.moe_ep_overlap_pair_edges,
                               .recompute_first = shape.recompute_first,
+                              // The model's MoE config decides (moe_config.cpp): the shared
+                              // expert's own node exists exactly when the block leaves it out of
+                              // pre_dispatch.
+                              .shared_expert_overlap = shape.moe.shared_expert_overlap,
                               .layout = schedule_layout(shape)};
     plan.shape =
         schedule::ScheduleShape{p.num_micro_batches, shape.moe_layers, m.delay_wgrad_compute};
     plan.shape.num_moe_chunks = p.num_moe_chunks;  // docs/chunked-overlap.md
     plan.shape.pair_edges = p.pair_edges;
     plan.shape.recompute_first = p.recompute_first;
+    plan.shape.shared_expert_overlap = p.shared_expert_overlap;
 
     if (plan.reduce_in_buckets || plan.param_gather_overlap) {
         // What each position adds to a bucket: the parameters that have a group to reduce over.
