@@ -53,8 +53,14 @@ struct StepPlan {
     // Gradients reduced bucket by bucket in the last backward (else by the optimizer step).
     bool reduce_in_buckets = false;
     bool distributed_optimizer = false;  // ZeRO-1 over a group of 2 or more
-    bool param_gather_overlap = false;   // gathers in the next step's first forward
-    schedule::ScheduleShape shape;       // with grad_bucket_ends / param_bucket_ends as used
+    // Gathers overlapped: in the next step's first forward, or (param_gather_in_optimizer) under
+    // the optimizer step.
+    bool param_gather_overlap = false;
+    // optimizer.overlap_param_gather_with_optimizer_step: each bucket's gather is issued by the
+    // optimizer step right after the bucket's update (optimizer_schedule.h); the schedule then
+    // holds no gathers.
+    bool param_gather_in_optimizer = false;
+    schedule::ScheduleShape shape;  // with grad_bucket_ends / param_bucket_ends as used
     std::vector<schedule::NodeCall> calls;
     int num_stages = 1;  // PP
     int num_chunks = 1;  // VPP (1 when unset)
