@@ -159,7 +159,8 @@ TEST(Trainer, BucketedGradReduceMatchesAndRunsOnTheCommStream) {
         int reductions = 0;
         int64_t optimizer_bytes = 0;
         for (const runtime::TaskRecord& rec : r.records) {
-            if (rec.name.find("grad_reduce") != std::string::npos) {
+            if (rec.kind == runtime::RecordKind::kTask &&
+                rec.name.find("grad_reduce") != std::string::npos) {
                 ++reductions;
                 EXPECT_EQ(rec.stream, "comm");
                 EXPECT_GT(rec.bytes.sent(), 0);
@@ -292,8 +293,11 @@ TEST(Trainer, ParamGatherUnderTheOptimizerStep) {
             EXPECT_NE(c.node, schedule::NodeKind::kParamGather) << schedule::call_name(c);
             EXPECT_EQ(c.wait_bucket, -1) << schedule::call_name(c);
         }
-        // The issue order: gather b right after update b, and some update after every gather.
+        // The issue order: gather b right after update b, and another update after every gather
+        // but the last (which runs under the update of the parameters without a bucket on 2
+        // ranks, where the experts have no data-parallel group, and under the step's end on 4).
         const std::vector<OptimizerOp>& ops = t.optimizer_ops();
+        const bool has_unbucketed = comm::current_world_size() < 4;
         int gathers = 0;
         for (size_t i = 0; i < ops.size(); ++i) {
             if (ops[i].kind != OptimizerOpKind::kGather)
@@ -302,10 +306,15 @@ TEST(Trainer, ParamGatherUnderTheOptimizerStep) {
             ASSERT_GT(i, 0u);
             EXPECT_EQ(ops[i - 1],
                       (OptimizerOp{.kind = OptimizerOpKind::kUpdate, .unit = ops[i].unit}));
-            EXPECT_TRUE(std::any_of(
-                ops.begin() + static_cast<std::ptrdiff_t>(i), ops.end(),
-                [](const OptimizerOp& o) { return o.kind == OptimizerOpKind::kUpdate; }))
-                << op_name(ops[i]) << " is issued after the last update";
+            const bool last = std::none_of(
+                ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, ops.end(),
+                [](const OptimizerOp& o) { return o.kind == OptimizerOpKind::kGather; });
+            if (!last || has_unbucketed) {
+                EXPECT_TRUE(std::any_of(
+                    ops.begin() + static_cast<std::ptrdiff_t>(i), ops.end(),
+                    [](const OptimizerOp& o) { return o.kind == OptimizerOpKind::kUpdate; }))
+                    << op_name(ops[i]) << " is issued after the last update";
+            }
         }
         EXPECT_EQ(gathers, static_cast<int>(t.plan().buckets.size()));
         EXPECT_EQ(gathers, 4);  // output layer, 2 layers, embedding

@@ -1,9 +1,11 @@
 // What one optimizer step does, as data, before anything runs: the schedule shape, the node calls
 // in issue order (baseline, or the combined-1F1B overlap schedule), and the buckets the
 // data-parallel gradient reduction (ddp.overlap_grad_reduce) and the distributed optimizer's
-// parameter gather (ddp.overlap_param_gather) fire in. A pure function of the finalized
-// configuration and the model shape: no MPI, no model, no memory beyond the plan itself, so a
-// planner can build the plan of any recipe on a laptop, and the Trainer runs exactly that plan.
+// parameter gather (ddp.overlap_param_gather; with
+// optimizer.overlap_param_gather_with_optimizer_step the optimizer step gathers them,
+// train/optimizer_schedule.h) fire in. A pure function of the finalized configuration and the model
+// shape: no MPI, no model, no memory beyond the plan itself, so a planner can build the plan of any
+// recipe on a laptop, and the Trainer runs exactly that plan.
 //
 // Buckets (grad_buckets.h): like Megatron-Core's DDP buckets, a bucket collects the gradients of
 // whole model positions in the order the backward finishes them (the output layer and final

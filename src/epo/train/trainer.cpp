@@ -102,7 +102,7 @@ Trainer::Trainer(const RunPlan& run, TrainerOptions options)
         if (!in_bucket[i])
             unbucketed_.push_back(i);
     }
-    optimizer_ops_ = optimizer_ops(OptimizerShape{
+    optimizer_ops_ = train::optimizer_ops(OptimizerShape{
         .num_buckets = static_cast<int>(buckets_.size()),
         .has_unbucketed = !unbucketed_.empty(),
         .buckets_reduced = plan_.reduce_in_buckets,
