@@ -18,6 +18,9 @@ TEST(NodeKind, StripsMicroBatchAndLayer) {
     EXPECT_EQ(node_kind_of("mb3.layer1.dispatch.forward.chunk12"), "dispatch.forward");
     EXPECT_EQ(node_kind_of("wait mb3"), "wait");
     EXPECT_EQ(node_kind_of("optimizer_step"), "optimizer_step");
+    EXPECT_EQ(node_kind_of("optimizer_step.update.bucket2"), "optimizer_step");
+    EXPECT_EQ(node_kind_of("optimizer_step.squares.unbucketed"), "optimizer_step");
+    EXPECT_EQ(node_kind_of("bucket2.param_gather"), "param_gather");
 }
 
 TEST(Summary, MedianMinMax) {

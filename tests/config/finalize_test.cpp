@@ -181,6 +181,27 @@ TEST(Finalize, UnsetEpOverlapForcesTheModelsTrueToFalseWithAWarning) {
     EXPECT_FALSE(c.model.delay_wgrad_compute);
 }
 
+// The same for the optimizer-step gather: the section's null would silently turn the optimizer's
+// true into false (the bench proxy has a comm_overlap section).
+TEST(Finalize, UnsetGatherWithTheOptimizerStepWarns) {
+    Config c = with_section();
+    c.ddp.use_distributed_optimizer = true;
+    c.comm.gpus_per_node = 4;
+    c.optimizer.overlap_param_gather_with_optimizer_step = true;
+    const auto w = finalize(c).warnings;
+    ASSERT_EQ(ids(w), (std::vector<std::string>{"W010"}));
+    EXPECT_EQ(w[0].field, "optimizer.overlap_param_gather_with_optimizer_step");
+    EXPECT_NE(w[0].fix.find("comm_overlap.overlap_param_gather_with_optimizer_step=true"),
+              std::string::npos);
+    EXPECT_FALSE(c.optimizer.overlap_param_gather_with_optimizer_step);
+    Config set = with_section();
+    set.ddp.use_distributed_optimizer = true;
+    set.comm.gpus_per_node = 4;
+    set.comm_overlap->overlap_param_gather_with_optimizer_step = true;
+    EXPECT_TRUE(finalize(set).warnings.empty());
+    EXPECT_TRUE(set.optimizer.overlap_param_gather_with_optimizer_step);
+}
+
 TEST(Finalize, WithoutTheSectionTheModelKeepsItsValues) {
     Config c = make_recipe("tiny-moe");
     c.model.overlap_moe_expert_parallel_comm = true;

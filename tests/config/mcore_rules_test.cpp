@@ -1,5 +1,5 @@
-// Megatron-Core's start-up refusals (MC001-MC009): each in both directions, from tiny-moe on
-// four ranks with EP 4, which passes.
+// Megatron-Core's start-up refusals and Megatron-LM's argument checks (MC001-MC014): each in both
+// directions, from tiny-moe on four ranks with EP 4, which passes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -259,6 +259,51 @@ TEST(McoreRules, MC009WarnsExpertAndTensorParallelWithoutSequenceParallel) {
                          c.model.sequence_parallel = true;
                      }).warnings,
                      "MC009"));
+}
+
+// optimizer.overlap_param_gather_with_optimizer_step: Megatron-LM's argument checks. Without the
+// distributed optimizer (MC012, from either section) or its overlapped gather (MC013) it is an
+// error; without an interleaved pipeline only a warning (MC014): epo runs it in any layout.
+TEST(McoreRules, MC012ToMC014ParamGatherWithTheOptimizerStep) {
+    const auto flag = [](Config& c) {
+        c.comm_overlap.reset();
+        c.optimizer.overlap_param_gather_with_optimizer_step = true;
+    };
+    const auto sharded = [&](Config& c) {
+        flag(c);
+        c.ddp.use_distributed_optimizer = true;
+        c.ddp.overlap_param_gather = true;
+    };
+    const ValidationReport plain = check(flag);
+    ASSERT_TRUE(has(plain.errors, "MC012"));
+    EXPECT_EQ(get(plain.errors, "MC012").field,
+              "optimizer.overlap_param_gather_with_optimizer_step");
+    EXPECT_NE(get(plain.errors, "MC012").fix.find("ddp.use_distributed_optimizer=true"),
+              std::string::npos);
+    // From comm_overlap, which finalization copies only with the distributed optimizer.
+    const ValidationReport from_section = check([](Config& c) {
+        c.comm_overlap.emplace();
+        c.comm_overlap->tp_comm_overlap = false;
+        c.comm_overlap->overlap_param_gather_with_optimizer_step = true;
+    });
+    ASSERT_TRUE(has(from_section.errors, "MC012"));
+    EXPECT_EQ(get(from_section.errors, "MC012").field,
+              "comm_overlap.overlap_param_gather_with_optimizer_step");
+    EXPECT_TRUE(error("MC013", [&](Config& c) {
+        sharded(c);
+        c.ddp.overlap_param_gather = false;
+    }));
+    const ValidationReport ok = check(sharded);
+    EXPECT_TRUE(ok.ok()) << ::testing::PrintToString(ids(ok.errors));
+    EXPECT_TRUE(has(ok.warnings, "MC014"));
+    EXPECT_FALSE(has(check([&](Config& c) {
+                         sharded(c);
+                         c.comm.gpus_per_node = 8;
+                         c.model.pipeline_model_parallel_size = 2;
+                         c.model.virtual_pipeline_model_parallel_size = 2;
+                     }).warnings,
+                     "MC014"));
+    EXPECT_FALSE(has(check([](Config&) {}).warnings, "MC014"));
 }
 
 }  // namespace

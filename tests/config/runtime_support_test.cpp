@@ -83,7 +83,6 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.multi_latent_attention = true;
              c.model.rope_type = "yarn";
          }},
-        {"RT036", [](Config& c) { c.optimizer.overlap_param_gather_with_optimizer_step = true; }},
         {"RT037",
          [](Config& c) {
              c.model.pipeline_model_parallel_size = 2;

@@ -291,6 +291,34 @@ TEST(StepPlan, BucketsHoldOnlyParametersWithAGroupToReduceOver) {
 
 // param_sizes_at agrees with what the model allocates, position by position, for tiny-moe and
 // variants with q/k norms, shared experts, a dense layer and tied embeddings.
+// optimizer.overlap_param_gather_with_optimizer_step: the same buckets, the same compute calls,
+// but no gather (and no wait for one) in the schedule: the optimizer step issues them.
+TEST(StepPlan, GathersUnderTheOptimizerStepLeaveTheScheduleWithoutGathers) {
+    const RecipeTopology& t = kTopologies.back();
+    for (Kind kind : {Kind::kBaseline, Kind::kOverlap}) {
+        const StepPlan in_forward = plan_of(finalized(t, kind, {}));
+        // In comm_overlap: the harness's EP-overlap flag creates that section, whose values
+        // finalization copies into the optimizer section.
+        const StepPlan in_step = plan_of(
+            finalized(t, kind, {"comm_overlap.overlap_param_gather_with_optimizer_step=true"}));
+        ASSERT_FALSE(in_forward.param_gather_in_optimizer);
+        ASSERT_TRUE(in_step.param_gather_in_optimizer);
+        EXPECT_TRUE(in_step.param_gather_overlap);
+        EXPECT_EQ(in_step.buckets.size(), in_forward.buckets.size());
+        EXPECT_TRUE(in_step.shape.param_bucket_ends.empty());
+        EXPECT_EQ(in_step.shape.grad_bucket_ends, in_forward.shape.grad_bucket_ends);
+        std::vector<NodeCall> without;
+        for (NodeCall c : in_forward.calls) {
+            if (c.node == NodeKind::kParamGather)
+                continue;
+            c.wait_bucket = -1;
+            without.push_back(c);
+        }
+        EXPECT_LT(without.size(), in_forward.calls.size());
+        EXPECT_EQ(in_step.calls, without);
+    }
+}
+
 TEST(StepPlan, ParameterSizesMatchALiveModel) {
     const std::vector<std::vector<std::string>> variants = {
         {},

@@ -23,6 +23,13 @@ RunRecord run(const config::Config& cfg, int steps,
     return testing::record_run(cfg, steps, prepare);
 }
 
+// The optimizer step's tasks on the compute stream (optimizer_schedule.h names them all
+// "optimizer_step.*").
+bool is_optimizer_task(const runtime::TaskRecord& rec) {
+    return rec.kind == runtime::RecordKind::kTask && rec.stream == "compute" &&
+           rec.name.rfind("optimizer_step", 0) == 0;
+}
+
 std::vector<std::string> tiny(int world, std::vector<std::string> extra) {
     std::vector<std::string> o = testing::tiny_shape_overrides();
     o.push_back("comm.gpus_per_node=" + std::to_string(world));
@@ -152,13 +159,14 @@ TEST(Trainer, BucketedGradReduceMatchesAndRunsOnTheCommStream) {
         int reductions = 0;
         int64_t optimizer_bytes = 0;
         for (const runtime::TaskRecord& rec : r.records) {
-            if (rec.name.find("grad_reduce") != std::string::npos) {
+            if (rec.kind == runtime::RecordKind::kTask &&
+                rec.name.find("grad_reduce") != std::string::npos) {
                 ++reductions;
                 EXPECT_EQ(rec.stream, "comm");
                 EXPECT_GT(rec.bytes.sent(), 0);
             }
-            if (rec.name == "optimizer_step")
-                optimizer_bytes = rec.bytes.sent();
+            if (is_optimizer_task(rec))
+                optimizer_bytes += rec.bytes.sent();
         }
         EXPECT_EQ(reductions, 4);
         EXPECT_LT(optimizer_bytes, 4096);
@@ -225,8 +233,8 @@ TEST(Trainer, DistributedOptimizerMatchesThePlainOneBitForBit) {
                 }
                 if (rec.name.find("grad_reduce") != std::string::npos)
                     reduce_bytes += rec.bytes.sent();
-                if (rec.name == "optimizer_step")
-                    optimizer_bytes = rec.bytes.sent();
+                if (is_optimizer_task(rec))
+                    optimizer_bytes += rec.bytes.sent();
             }
             EXPECT_EQ(gather_bytes > 0, step == 2) << "step " << step;
             EXPECT_GT(reduce_bytes, 0);
@@ -237,17 +245,133 @@ TEST(Trainer, DistributedOptimizerMatchesThePlainOneBitForBit) {
     {
         Trainer t(gather_in_step, {.keep_records = true});
         const StepResult r = t.step();
+        int64_t optimizer_bytes = 0;
         for (const runtime::TaskRecord& rec : r.records) {
-            if (rec.name == "optimizer_step") {
-                EXPECT_GT(rec.bytes.sent(), 4096);
-            }
+            if (is_optimizer_task(rec))
+                optimizer_bytes += rec.bytes.sent();
         }
+        EXPECT_GT(optimizer_bytes, 4096);
     }
     const RunRecord a = run(plain, kSteps);
     for (const config::Config* cfg : {&gather_in_step, &overlapped, &defaults}) {
         const RunRecord b = run(*cfg, kSteps);
         expect_bit_identical(a, b);
     }
+}
+
+// The step's edges (optimizer_schedule.h). optimizer.overlap_param_gather_with_optimizer_step:
+// each bucket's gather is issued on the comm stream right after that bucket's update and waits
+// for nothing else, so it runs under the rest of the optimizer step; the next forward gathers
+// nothing. And with bucketed reduction each bucket's squares wait only for its own reduction. The
+// results are the plain optimizer's bit for bit in baseline, overlap and overlap + delayed
+// wgrad, with the flag, without it, and without clipping (where the updates follow the
+// reductions too).
+TEST(Trainer, ParamGatherUnderTheOptimizerStep) {
+    constexpr int kSteps = 4;
+    auto with = [](std::vector<std::string> extra) { return data_parallel_config(3, extra); };
+    const std::vector<std::string> bucketed = {
+        "ddp.use_distributed_optimizer=true", "comm_overlap.overlap_grad_reduce=true",
+        "comm_overlap.overlap_param_gather=true", "comm_overlap.bucket_size=1"};
+    const auto flagged = [&](std::vector<std::string> extra, bool flag) {
+        std::vector<std::string> o = bucketed;
+        o.push_back(std::string("comm_overlap.overlap_param_gather_with_optimizer_step=") +
+                    (flag ? "true" : "false"));
+        o.insert(o.end(), extra.begin(), extra.end());
+        return with(o);
+    };
+    const std::vector<std::string> overlap = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                              "comm_overlap.delay_wgrad_compute=false"};
+    const std::vector<std::string> delayed = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                              "comm_overlap.delay_wgrad_compute=true"};
+    const config::Config on = flagged(delayed, true);
+    ASSERT_TRUE(on.optimizer.overlap_param_gather_with_optimizer_step);
+
+    {
+        Trainer t(on, {.keep_records = true});
+        ASSERT_TRUE(t.distributed_optimizer());
+        for (const schedule::NodeCall& c : t.schedule_calls()) {
+            EXPECT_NE(c.node, schedule::NodeKind::kParamGather) << schedule::call_name(c);
+            EXPECT_EQ(c.wait_bucket, -1) << schedule::call_name(c);
+        }
+        // The issue order: gather b right after update b, and another update after every gather
+        // but the last (which runs under the update of the parameters without a bucket on 2
+        // ranks, where the experts have no data-parallel group, and under the step's end on 4).
+        const std::vector<OptimizerOp>& ops = t.optimizer_ops();
+        const bool has_unbucketed = comm::current_world_size() < 4;
+        int gathers = 0;
+        for (size_t i = 0; i < ops.size(); ++i) {
+            if (ops[i].kind != OptimizerOpKind::kGather)
+                continue;
+            ++gathers;
+            ASSERT_GT(i, 0u);
+            EXPECT_EQ(ops[i - 1],
+                      (OptimizerOp{.kind = OptimizerOpKind::kUpdate, .unit = ops[i].unit}));
+            const bool last = std::none_of(
+                ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, ops.end(),
+                [](const OptimizerOp& o) { return o.kind == OptimizerOpKind::kGather; });
+            if (!last || has_unbucketed) {
+                EXPECT_TRUE(std::any_of(
+                    ops.begin() + static_cast<std::ptrdiff_t>(i), ops.end(),
+                    [](const OptimizerOp& o) { return o.kind == OptimizerOpKind::kUpdate; }))
+                    << op_name(ops[i]) << " is issued after the last update";
+            }
+        }
+        EXPECT_EQ(gathers, static_cast<int>(t.plan().buckets.size()));
+        EXPECT_EQ(gathers, 4);  // output layer, 2 layers, embedding
+        for (int step = 1; step <= 2; ++step) {
+            const StepResult r = t.step();
+            // The trace: on the comm stream each bucket's gather follows the wait for its own
+            // update's event and moves the bucket's bytes; on the compute stream each bucket's
+            // squares follow the wait for its own reduction's event.
+            std::vector<const runtime::TaskRecord*> comm, compute;
+            for (const runtime::TaskRecord& rec : r.records)
+                (rec.stream == "comm" ? comm : compute).push_back(&rec);
+            int traced = 0;
+            for (size_t i = 0; i < comm.size(); ++i) {
+                const std::string& name = comm[i]->name;
+                if (name.find("param_gather") == std::string::npos)
+                    continue;
+                ++traced;
+                const std::string bucket = name.substr(0, name.find('.'));
+                ASSERT_GT(i, 0u);
+                EXPECT_EQ(comm[i - 1]->name, "wait " + bucket + ".updated") << name;
+                EXPECT_GT(comm[i]->bytes.sent(), 0) << name;
+            }
+            EXPECT_EQ(traced, 4) << "step " << step;
+            int squares = 0;
+            for (size_t i = 0; i < compute.size(); ++i) {
+                const std::string& name = compute[i]->name;
+                const std::string prefix = "optimizer_step.squares.bucket";
+                if (name.rfind(prefix, 0) != 0)
+                    continue;
+                ++squares;
+                ASSERT_GT(i, 0u);
+                const std::string wait =
+                    "wait bucket" + name.substr(prefix.size()) + ".grad_reduce";
+                // (A wait is traced whether or not it blocked: the schedule recorded the event
+                // before the optimizer step was issued.)
+                EXPECT_EQ(compute[i - 1]->name, wait) << name;
+            }
+            EXPECT_EQ(squares, 4);
+        }
+    }
+    const RunRecord plain =
+        run(with({"ddp.use_distributed_optimizer=false", "ddp.overlap_grad_reduce=false",
+                  "ddp.overlap_param_gather=false"}),
+            kSteps);
+    for (const std::vector<std::string>* schedule : {&overlap, &delayed}) {
+        for (bool flag : {false, true})
+            expect_bit_identical(plain, run(flagged(*schedule, flag), kSteps));
+    }
+    expect_bit_identical(plain, run(flagged({}, true), kSteps));
+    // Without clipping every update follows its bucket's reduction: against the plain optimizer
+    // without clipping.
+    const RunRecord unclipped =
+        run(with({"ddp.use_distributed_optimizer=false", "ddp.overlap_grad_reduce=false",
+                  "ddp.overlap_param_gather=false", "optimizer.clip_grad=0"}),
+            kSteps);
+    expect_bit_identical(unclipped, run(flagged({"optimizer.clip_grad=0"}, true), kSteps));
+    expect_bit_identical(unclipped, run(flagged({"optimizer.clip_grad=0"}, false), kSteps));
 }
 
 // model.moe_ep_overlap_pair_edges (schedule.h "Paired edges"): the first two forwards and the
@@ -316,7 +440,7 @@ TEST(Trainer, ComputeNodesCommunicateNothing) {
     const StepResult r = t.step();
     int dispatches = 0;
     for (const runtime::TaskRecord& rec : r.records) {
-        if (rec.stream == "compute" && rec.name != "optimizer_step") {
+        if (rec.stream == "compute" && !is_optimizer_task(rec)) {
             EXPECT_EQ(rec.bytes.sent() + rec.bytes.received(), 0) << rec.name;
         }
         if (rec.name.find("dispatch.forward") != std::string::npos &&

@@ -81,7 +81,8 @@ StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& r
 
 // "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "mb7.bucket0.grad_reduce" ->
 // "grad_reduce"; "wait mb3" -> "wait"; a token chunk's "mb0.layer1.mlp.forward.chunk2" ->
-// "mlp.forward"; "optimizer_step" stays.
+// "mlp.forward"; "optimizer_step" and its pieces ("optimizer_step.update.bucket2") ->
+// "optimizer_step".
 std::string node_kind_of(const std::string& record_name);
 
 // Per node kind: how many tasks, how long, how many bytes.
@@ -109,8 +110,8 @@ CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskR
 // backward of that node (baseline) and its two halves together (own), split in the proportion
 // the run itself measured. A chunk call where the baseline ran its layer whole (chunks by
 // experts run whole without overlap, W014) gets its share of the whole call's baseline time,
-// in the proportion this run measured across the chunks. "optimizer_step" (shorter of the two)
-// is added at the end. Raises
+// in the proportion this run measured across the chunks. The optimizer step's pieces (the
+// shorter of the two runs' sums) are added at the end. Raises
 // epo::Error (kInternal) if a baseline duration is missing.
 double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
                              const CallDurations& baseline, const CallDurations& own);

@@ -96,21 +96,28 @@ void settle_tp_overlap(Config& config, std::vector<Finding>& warnings) {
 // W010: an unset comm_overlap field will overwrite the model's explicit true with false.
 void warn_forced_false(const Config& config, std::vector<Finding>& warnings) {
     const auto& user = *config.comm_overlap;
-    const auto check = [&](const std::optional<bool>& user_value, bool model_value,
+    const auto check = [&](const std::optional<bool>& user_value, bool value, const char* section,
                            const char* name) {
-        if (!user_value.has_value() && model_value) {
+        if (!user_value.has_value() && value) {
             warnings.push_back(Finding{
-                "W010", fmt::format("model.{}", name), "true",
-                fmt::format("model.{0} is true but comm_overlap.{0} is unset: finalization copies "
-                            "comm_overlap's value (null -> the default false) into the model, so "
-                            "the run uses {0}=false",
-                            name),
+                "W010", fmt::format("{}.{}", section, name), "true",
+                fmt::format("{0}.{1} is true but comm_overlap.{1} is unset: finalization copies "
+                            "comm_overlap's value (null -> the default false) into {0}, so "
+                            "the run uses {1}=false",
+                            section, name),
                 fmt::format("set comm_overlap.{}=true", name)});
         }
     };
     check(user.overlap_moe_expert_parallel_comm, config.model.overlap_moe_expert_parallel_comm,
-          "overlap_moe_expert_parallel_comm");
-    check(user.delay_wgrad_compute, config.model.delay_wgrad_compute, "delay_wgrad_compute");
+          "model", "overlap_moe_expert_parallel_comm");
+    check(user.delay_wgrad_compute, config.model.delay_wgrad_compute, "model",
+          "delay_wgrad_compute");
+    // Copied into the optimizer section only with the distributed optimizer.
+    if (config.ddp.use_distributed_optimizer) {
+        check(user.overlap_param_gather_with_optimizer_step,
+              config.optimizer.overlap_param_gather_with_optimizer_step, "optimizer",
+              "overlap_param_gather_with_optimizer_step");
+    }
 }
 
 // The comm-overlap section's effects (the section exists): tensor-parallel overlap settled, then

@@ -20,9 +20,21 @@
 //          layernorm with fp8's delayed scaling.
 //   MC011  (warning) recompute_modules without recompute_granularity=selective: the modules are
 //          ignored (Megatron-Core reads them only for selective recompute).
+//   MC012  overlap_param_gather_with_optimizer_step needs the distributed optimizer (there is
+//          nothing to gather without shards).
+//   MC013  overlap_param_gather_with_optimizer_step needs overlap_param_gather (Megatron-LM's
+//          argument checks: the optimizer step starts the gathers that the forward pre-hooks
+//          would otherwise wait for).
+//   MC014  (warning) overlap_param_gather_with_optimizer_step without an interleaved pipeline:
+//          Megatron-LM's training script refuses it, because its optimizer gathers only the first
+//          model chunk early; epo gathers bucket by bucket under the rest of the step, which works
+//          in every layout, so the config runs here but not there.
 //
-// Rules read the user's values (before finalization), as the reference does at construction.
+// Rules read the user's values (before finalization), as the reference does at construction;
+// MC012-MC014 read the finalized ones, since the flag may come from comm_overlap.
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "epo/config/rules.h"
 
@@ -189,6 +201,47 @@ void check_recompute_modules(const RuleContext& ctx) {
     }
 }
 
+// Where the finalized config asks for the optimizer-step gather: the optimizer's field, or a
+// comm_overlap value that finalization did not copy (it copies only with a distributed optimizer).
+std::optional<std::string> gather_with_step_field(const Config& c) {
+    if (c.optimizer.overlap_param_gather_with_optimizer_step)
+        return "optimizer.overlap_param_gather_with_optimizer_step";
+    if (c.comm_overlap && c.comm_overlap->overlap_param_gather_with_optimizer_step.value_or(false))
+        return "comm_overlap.overlap_param_gather_with_optimizer_step";
+    return std::nullopt;
+}
+
+void check_param_gather_with_step(const RuleContext& ctx) {
+    const Config& c = ctx.fin;
+    const std::optional<std::string> field = gather_with_step_field(c);
+    if (!field)
+        return;
+    if (!c.ddp.use_distributed_optimizer) {
+        ctx.error("MC012", *field, "true",
+                  "overlapping the parameter gather with the optimizer step needs the distributed "
+                  "optimizer: without its shards there is nothing to gather",
+                  fmt::format("set ddp.use_distributed_optimizer=true, or {}=false", *field));
+        return;
+    }
+    if (!c.ddp.overlap_param_gather) {
+        ctx.error(
+            "MC013", *field, "true",
+            "overlapping the parameter gather with the optimizer step needs "
+            "ddp.overlap_param_gather=true (Megatron-LM refuses it otherwise)",
+            fmt::format("set comm_overlap.overlap_param_gather=true (ddp.overlap_param_gather "
+                        "without a comm_overlap section), or {}=false",
+                        *field));
+    }
+    if (!c.model.virtual_pipeline_model_parallel_size) {
+        ctx.warn("MC014", *field, "true",
+                 "Megatron-LM's training script accepts overlap_param_gather_with_optimizer_step "
+                 "only with an interleaved pipeline (virtual_pipeline_model_parallel_size set); "
+                 "the epo runtime gathers bucket by bucket under the optimizer step in any layout",
+                 "set model.virtual_pipeline_model_parallel_size for a config the reference "
+                 "trains, or keep it: epo runs it");
+    }
+}
+
 }  // namespace
 
 void check_mcore(const RuleContext& ctx) {
@@ -196,6 +249,7 @@ void check_mcore(const RuleContext& ctx) {
     check_router_and_dispatcher(ctx);
     check_recompute_settings(ctx);
     check_recompute_modules(ctx);
+    check_param_gather_with_step(ctx);
 }
 
 }  // namespace epo::config

@@ -310,17 +310,6 @@ const std::vector<FeatureRow>& rows() {
                          "model.rope_type", c.model.rope_type);
          },
          "set model.rope_type=rope (EPO's MLA runs plain rotary embeddings)"},
-        // The runtime's gathers run in the next step's first forward (ddp.overlap_param_gather);
-        // none is issued under the optimizer step.
-        {{"RT036", "overlapping the parameter gather with the optimizer step",
-          &RC::param_gather_with_optimizer},
-         [](C c) {
-             return when(c.optimizer.overlap_param_gather_with_optimizer_step,
-                         "optimizer.overlap_param_gather_with_optimizer_step", "true");
-         },
-         "set optimizer.overlap_param_gather_with_optimizer_step=false (with a comm_overlap "
-         "section: comm_overlap.overlap_param_gather_with_optimizer_step=false); the epo runtime "
-         "gathers in the next step's first forward (ddp.overlap_param_gather)"},
         // The MTP layer sits on the last stage and looks up the shifted tokens in the embedding,
         // which lives on stage 0; the runtime shares no embedding between stages (as RT028).
         {{"RT037",

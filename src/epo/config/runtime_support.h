@@ -53,7 +53,6 @@ struct RuntimeCapabilities {
     bool interleaved_partial_group = false;    // RT033
     bool recompute_moe_mla = false;            // RT034 (the moe / mla_up_proj modules)
     bool mla_yarn_rope = false;                // RT035
-    bool param_gather_with_optimizer = false;  // RT036
     bool pipeline_mtp = false;                 // RT037
     bool full_recompute_mtp = false;           // RT038
 

@@ -13,6 +13,7 @@
 #include "epo/plan/plan_notes.h"
 #include "epo/schedule/critical_path.h"
 #include "epo/train/flops.h"
+#include "epo/train/memory_plan.h"
 #include "epo/train/step_plan.h"
 
 namespace epo::plan {
@@ -32,19 +33,32 @@ int stream_index(const NodeCall& c) {
     return schedule::stream_of(c.node) == StreamId::kCompute ? 0 : 1;
 }
 
-// The runtime's estimate (config/memory_estimate.h), less what fused attention never holds: the
-// probabilities c B A S^2 of every layer of every micro-batch in flight, and the (4 + c) S^2
-// score scratch of one sequence.
-int64_t cpu_peak_memory(const config::Config& cfg, const model::GptShape& s,
-                        const DeviceSpec& device) {
-    const config::MemoryEstimate m = config::estimate_rank_memory(cfg, config::world_size(cfg));
-    if (!device.fused_attention)
-        return m.total();
-    const int64_t c = cfg.model.bf16 ? 2 : 4;
-    const int64_t S2 = s.seq_length * s.seq_length;
-    const int64_t probs =
-        m.micro_batches_in_flight * s.num_layers * c * s.micro_batch_size * s.attn.num_heads * S2;
-    return std::max<int64_t>(0, m.total() - probs - (4 + c) * S2);
+// The run's estimate (train/memory_plan.h: each stage's own layers and the units its call list
+// keeps alive, the one `epo train` checks), its largest stage, less what fused attention never
+// holds: the probabilities c B A S^2 of every layer of every unit in flight (a unit holds one
+// model chunk: the stage's layers / V), and the (4 + c) S^2 score scratch of one sequence.
+int64_t cpu_peak_memory(const config::Config& cfg, const DeviceSpec& device) {
+    const int ep = std::max(1, cfg.model.expert_model_parallel_size);
+    int64_t peak = 0;
+    for (int stage = 0; stage < std::max(1, cfg.model.pipeline_model_parallel_size); ++stage) {
+        const model::GptShape s = model::gpt_shape_from_config(cfg, ep, 0, stage);
+        const config::MemoryEstimate m =
+            train::estimate_stage_memory(cfg, train::make_step_plan(cfg, s), s);
+        int64_t bytes = m.total();
+        if (device.fused_attention) {
+            int64_t layers = 0;
+            for (int64_t l = 0; l < s.num_layers; ++l)
+                layers += s.holds(l) ? 1 : 0;
+            const int64_t c = cfg.model.bf16 ? 2 : 4;
+            const int64_t S2 = s.seq_length * s.seq_length;
+            const int64_t probs = m.micro_batches_in_flight * layers /
+                                  std::max(1, s.virtual_pipeline_size) * c * s.micro_batch_size *
+                                  s.attn.num_heads * S2;
+            bytes = std::max<int64_t>(0, bytes - probs - (4 + c) * S2);
+        }
+        peak = std::max(peak, bytes);
+    }
+    return peak;
 }
 
 config::Config with_schedule(config::Config cfg, bool overlap, bool delay_wgrad) {
@@ -345,7 +359,7 @@ ScheduleEstimate estimate_stage(const config::Config& full_cfg, const config::Co
                                           cfg.train.global_batch_size.value_or(0)) /
                        e.step_time_s / world / 1e12;
     if (hw.device.id == "cpu") {
-        e.peak_memory_bytes = cpu_peak_memory(full_cfg, shape, hw.device);
+        e.peak_memory_bytes = cpu_peak_memory(full_cfg, hw.device);
     } else {
         // Megatron-Core's layout (gpu_memory.h), its busiest stage.
         const GpuMemory mem = estimate_gpu_memory(full_cfg);

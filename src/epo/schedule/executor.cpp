@@ -7,8 +7,8 @@
 
 namespace epo::schedule {
 
-void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
-                    runtime::RankStreams& streams, NodeBody body) {
+IssuedEvents issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
+                            runtime::RankStreams& streams, NodeBody body) {
     // One event per (micro-batch, token chunk): events[mb * C + c]. With C = 1 one per
     // micro-batch, named as before.
     const int num_chunks = num_moe_chunks(calls);
@@ -33,11 +33,15 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
     // One event per parameter bucket gather (schedule.h): recorded by the gather, waited for by
     // the first forward call that reads the bucket's weights.
     std::vector<runtime::Event> gathered;
+    IssuedEvents issued;
     for (const NodeCall& call : calls) {
         // Each its own event (a copy would share the original's state).
         while (call.node == NodeKind::kParamGather &&
                call.layer >= static_cast<int>(gathered.size()))
             gathered.emplace_back(fmt::format("bucket{}.param_gather", gathered.size()));
+        while (call.node == NodeKind::kGradReduce &&
+               call.layer >= static_cast<int>(issued.reduced.size()))
+            issued.reduced.emplace_back(fmt::format("bucket{}.grad_reduce", issued.reduced.size()));
     }
     // Every task shares one copy of the body, alive until the last task has run.
     auto shared_body = std::make_shared<const NodeBody>(std::move(body));
@@ -84,6 +88,8 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
         });
         if (call.node == NodeKind::kParamGather)
             stream.record(gathered[static_cast<size_t>(call.layer)]);
+        if (call.node == NodeKind::kGradReduce)
+            stream.record(issued.reduced[static_cast<size_t>(call.layer)]);
         // Side branches (gradient reduction, parameter gather): nothing of the micro-batch waits
         // for them through its event.
         if (!is_side_branch(call.node)) {
@@ -91,6 +97,7 @@ void issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
                 stream.record(*e);
         }
     }
+    return issued;
 }
 
 }  // namespace epo::schedule

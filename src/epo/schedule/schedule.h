@@ -38,7 +38,9 @@
 // event. The embedding's bucket (and layer 0's, when that is a different one) is issued first;
 // the bucket starting at layer l+1 (or the output layer) is issued right after layer l's
 // dispatch, so it fills the comm stream's gap while layer l's experts run (after layer l's
-// pre_dispatch for a dense layer, which has no dispatch).
+// pre_dispatch for a dense layer, which has no dispatch). With
+// optimizer.overlap_param_gather_with_optimizer_step the optimizer step issues the gathers
+// instead (train/optimizer_schedule.h) and the schedule holds none (param_bucket_ends empty).
 //
 // Paired edges (pair_edges, N >= 2): the combined schedule leaves the step's first forward and
 // last backward alone, with nothing to hide their communication under. Paired, the first two

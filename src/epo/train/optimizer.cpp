@@ -34,25 +34,19 @@ LrDecayStyle lr_style(config::LrDecayStyle s) {
     return LrDecayStyle::kLinear;
 }
 
-// Sums of squares of the gradients of params[begin, end) (one group), scaled by `factor`, one per
-// (parameter, shard): parts[j * g + r] is shard r of parameter begin + j. The distributed
-// optimizer, which has only its own shards reduced, computes its shards and gathers the others'
-// partial sums, so both optimizers get the same bits.
+// The (parameter, shard) sums of squares of params[begin, end) (one group) as the norm adds them:
+// parts[j * g + r] is shard r of parameter begin + j. The distributed optimizer, which has only
+// its own shards reduced, took its shards' sums (square_grads) and gathers the others', so both
+// optimizers get the same bits.
 std::vector<double> square_parts(const OptimizerState& state, size_t begin, size_t end,
-                                 comm::Communicator& group, float factor) {
+                                 comm::Communicator& group) {
     const int g = group.size();
     const size_t k = end - begin;
     std::vector<double> parts(k * static_cast<size_t>(g), 0.0);
     for (size_t j = 0; j < k; ++j) {
-        Param& p = *state.params[begin + j];
-        float* grad = p.main_grad.data<float>();
-        for (int r = 0; r < g; ++r) {
-            if (state.distributed && r != group.rank())
-                continue;  // that shard's owner computes it
-            const comm::ShardRange range = comm::shard_of(p.main_grad.numel(), g, r);
-            parts[j * g + r] = scale_and_sum_squares(grad + range.begin,
-                                                     static_cast<size_t>(range.size()), factor);
-        }
+        const std::vector<double>& sq = state.grad_squares[begin + j];
+        for (int r = 0; r < g; ++r)
+            parts[j * g + r] = sq[static_cast<size_t>(r)];
     }
     if (state.distributed && g > 1) {
         std::vector<double> mine(k), all(k * static_cast<size_t>(g));
@@ -88,8 +82,8 @@ std::vector<double> model_parts(const OptimizerState& state, const std::vector<d
 }
 
 double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::Communicator& group,
-                   float factor, int num_model, comm::Communicator& pp) {
-    std::vector<double> parts = square_parts(state, begin, end, group, factor);
+                   int num_model, comm::Communicator& pp) {
+    std::vector<double> parts = square_parts(state, begin, end, group);
     if (!state.norm_slots.empty())
         parts = model_parts(state, parts, begin, end, num_model, group.size(), pp);
     double sum = 0;
@@ -98,44 +92,18 @@ double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::
     return sum;
 }
 
-// The global norm (header formula). Scales every gradient by 1 / DP on the way: the averaging
-// and the squares are one pass, in parameter order.
+// The global norm (header formula) from the squares square_grads took.
 double global_grad_norm(const OptimizerState& state, comm::ProcessGroups& groups) {
-    const float inv_dp = 1.0f / static_cast<float>(state.dp_size);
     const size_t num_params = state.params.size(), num_dense = state.num_dense;
     const double dense_sq =
-        sum_squares(state, 0, num_dense, groups.dp, inv_dp, state.num_model_dense, groups.pp);
-    double expert_sq = sum_squares(state, num_dense, num_params, groups.edp, inv_dp,
-                                   state.num_model_expert, groups.pp);
+        sum_squares(state, 0, num_dense, groups.dp, state.num_model_dense, groups.pp);
+    double expert_sq =
+        sum_squares(state, num_dense, num_params, groups.edp, state.num_model_expert, groups.pp);
     // Dense gradients are identical on every rank; expert gradients differ across the EP group,
     // whose sums of squares are added up in rank order.
     if (groups.ep.size() > 1)
         expert_sq = group_sum(groups.ep, expert_sq);
     return std::sqrt(dense_sq + expert_sq);
-}
-
-// AdamW on each parameter's shard with the clipped gradient, which is zeroed for the next step,
-// then the shard's compute copy refreshed.
-void adam_update(OptimizerState& state, const AdamConfig& adam, int64_t step, double clip) {
-    for (size_t i = 0; i < state.params.size(); ++i) {
-        Param& p = *state.params[i];
-        const comm::ShardRange shard = state.shard[i];
-        adam_step_and_zero_grad(
-            adam, step, p.master.rank() > 1, p.master.data<float>() + shard.begin,
-            p.main_grad.data<float>() + shard.begin, clip < 1.0 ? static_cast<float>(clip) : 1.0f,
-            AdamState{state.exp_avg[i].data(), state.exp_avg_sq[i].data()},
-            static_cast<size_t>(shard.size()));
-        if (shard.size() == p.master.numel()) {
-            refresh_compute(p);
-            continue;
-        }
-        // Distributed: the rest of the gradient held this rank's unreduced values; the compute
-        // copy of this shard is fresh now, the other shards arrive by gather.
-        float* grad = p.main_grad.data<float>();
-        std::fill(grad, grad + shard.begin, 0.0f);
-        std::fill(grad + shard.end, grad + p.main_grad.numel(), 0.0f);
-        refresh_compute_range(p, shard.begin, shard.end);
-    }
 }
 
 }  // namespace
@@ -154,7 +122,9 @@ OptimizerConfig optimizer_config_from(const config::Config& cfg) {
                                .decay_style = lr_style(cfg.train.lr_decay_style)},
         .clip_grad = cfg.optimizer.clip_grad,
         .use_distributed_optimizer = cfg.ddp.use_distributed_optimizer,
-        .overlap_param_gather = cfg.ddp.overlap_param_gather};
+        .overlap_param_gather = cfg.ddp.overlap_param_gather,
+        .overlap_param_gather_with_optimizer_step =
+            cfg.optimizer.overlap_param_gather_with_optimizer_step};
 }
 
 OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
@@ -170,7 +140,9 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
     state.dp_size = groups.dp.size();
     state.distributed =
         config.use_distributed_optimizer && (groups.dp.size() > 1 || groups.edp.size() > 1);
-    state.param_gather_overlap = state.distributed && config.overlap_param_gather;
+    // With the gathers under the optimizer step nothing is left for the next forward.
+    state.param_gather_overlap = state.distributed && config.overlap_param_gather &&
+                                 !config.overlap_param_gather_with_optimizer_step;
     for (size_t i = 0; i < state.params.size(); ++i) {
         const Param* p = state.params[i];
         const comm::Communicator& group = i >= state.num_dense ? groups.edp : groups.dp;
@@ -181,6 +153,8 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
         state.exp_avg.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
         state.exp_avg_sq.emplace_back(static_cast<size_t>(shard.size()), 0.0f);
     }
+    state.grad_squares.resize(state.params.size());
+    state.first_nonfinite = state.params.size();
     return state;
 }
 
@@ -214,36 +188,66 @@ void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& 
     }
 }
 
-OptimizerStepResult optimizer_step(OptimizerState& state, const OptimizerConfig& config,
-                                   int64_t step, bool grads_reduced, comm::ProcessGroups& groups) {
-    const std::vector<Param*> dense(state.params.begin(),
-                                    state.params.begin() + static_cast<ptrdiff_t>(state.num_dense));
-    const std::vector<Param*> expert(state.params.begin() + static_cast<ptrdiff_t>(state.num_dense),
-                                     state.params.end());
-    // Gradients summed over the data-parallel ranks (their token contributions from the other
-    // EP ranks already arrived through the all-to-all backward); with bucketed overlap the sums
-    // were taken during the last backward.
-    if (!grads_reduced)
-        reduce_grads(state, dense, expert, groups);
-
-    OptimizerStepResult result;
-    result.grad_norm = global_grad_norm(state, groups);
-    // Before Adam clears the gradients.
-    if (!std::isfinite(result.grad_norm))
-        result.first_nonfinite_grad = first_nonfinite_grad(state.params, state.shard);
-
-    const double clip = clip_coefficient(result.grad_norm, config.clip_grad);
-    result.learning_rate = learning_rate_at(config.lr, step);
-    AdamConfig adam = config.adam;
-    adam.lr = result.learning_rate;
-    adam_update(state, adam, step, clip);
-    if (state.distributed) {
-        if (state.param_gather_overlap)
-            state.params_pending = true;  // the next step's first forward gathers, bucket by bucket
-        else
-            gather_params(dense, expert, groups);
+void square_grads(OptimizerState& state, const std::vector<size_t>& params,
+                  comm::ProcessGroups& groups) {
+    const float inv_dp = 1.0f / static_cast<float>(state.dp_size);
+    for (size_t i : params) {
+        Param& p = *state.params[i];
+        const comm::Communicator& group = state.group_of(i, groups);
+        const int g = group.size();
+        float* grad = p.main_grad.data<float>();
+        std::vector<double>& sq = state.grad_squares[i];
+        sq.assign(static_cast<size_t>(g), 0.0);
+        bool finite = true;
+        // One sum per shard of the group even when this rank reduced all of it (the plain
+        // optimizer), so that both optimizers add the same terms.
+        for (int r = 0; r < g; ++r) {
+            if (state.distributed && r != group.rank())
+                continue;  // that shard's owner takes it
+            const comm::ShardRange range = comm::shard_of(p.main_grad.numel(), g, r);
+            sq[static_cast<size_t>(r)] = scale_and_sum_squares(
+                grad + range.begin, static_cast<size_t>(range.size()), inv_dp);
+            finite = finite && std::isfinite(sq[static_cast<size_t>(r)]);
+        }
+        // A sum that overflowed from finite values names no parameter (nonfinite.h).
+        if (!finite && !first_nonfinite_grad({&p}, {state.shard[i]}).empty())
+            state.first_nonfinite = std::min(state.first_nonfinite, i);
     }
-    return result;
+}
+
+void finish_grad_norm(OptimizerState& state, comm::ProcessGroups& groups,
+                      OptimizerStepResult& result) {
+    result.grad_norm = global_grad_norm(state, groups);
+    // square_grads noted the parameters with a NaN or an Inf in their reduced elements before
+    // any update cleared them (without clipping the updates may come before this norm).
+    if (!std::isfinite(result.grad_norm) && state.first_nonfinite < state.params.size()) {
+        const size_t i = state.first_nonfinite;
+        result.first_nonfinite_grad = state.params[i]->name;
+    }
+    state.first_nonfinite = state.params.size();
+}
+
+void update_params(OptimizerState& state, const AdamConfig& adam, int64_t step, double clip,
+                   const std::vector<size_t>& params) {
+    for (size_t i : params) {
+        Param& p = *state.params[i];
+        const comm::ShardRange shard = state.shard[i];
+        adam_step_and_zero_grad(
+            adam, step, p.master.rank() > 1, p.master.data<float>() + shard.begin,
+            p.main_grad.data<float>() + shard.begin, clip < 1.0 ? static_cast<float>(clip) : 1.0f,
+            AdamState{state.exp_avg[i].data(), state.exp_avg_sq[i].data()},
+            static_cast<size_t>(shard.size()));
+        if (shard.size() == p.master.numel()) {
+            refresh_compute(p);
+            continue;
+        }
+        // Distributed: the rest of the gradient held this rank's unreduced values; the compute
+        // copy of this shard is fresh now, the other shards arrive by gather.
+        float* grad = p.main_grad.data<float>();
+        std::fill(grad, grad + shard.begin, 0.0f);
+        std::fill(grad + shard.end, grad + p.main_grad.numel(), 0.0f);
+        refresh_compute_range(p, shard.begin, shard.end);
+    }
 }
 
 void sync_params(OptimizerState& state, const std::vector<Param*>& dense,

@@ -9,9 +9,15 @@
 // (communicator.h's shard_of): gradients are reduce-scattered instead of all-reduced, each rank
 // keeps Adam moments and updates masters for its shard only, and the updated compute copies are
 // all-gathered: at the end of the optimizer step, or, with ddp.overlap_param_gather, bucket by
-// bucket on the comm stream during the next step's first forward (params_pending). The sums, the
-// norm and the updates are the same operations on the same values, so the distributed optimizer
-// is bit-for-bit the plain one (docs/design.md).
+// bucket on the comm stream during the next step's first forward (params_pending), or, with
+// optimizer.overlap_param_gather_with_optimizer_step, bucket by bucket on the comm stream right
+// after each bucket's update, under the rest of the optimizer step (optimizer_schedule.h). The
+// sums, the norm and the updates are the same operations on the same values, so the distributed
+// optimizer is bit-for-bit the plain one (docs/design.md).
+//
+// The step comes in pieces (square_grads, finish_grad_norm, update_params) that work on any
+// subset of the parameters: element-wise work gives the same bits whatever the grouping, and the
+// norm adds its terms in one fixed order whatever order the squares were taken in.
 //
 // Global norm, written out (g = gradient / DP after the data-parallel sum):
 //   norm^2 = sum over dense params and shards of sum(g^2)      (identical on every rank)
@@ -47,6 +53,8 @@ struct OptimizerConfig {
     double clip_grad = 1.0;  // <= 0: no clipping
     bool use_distributed_optimizer = false;
     bool overlap_param_gather = false;
+    // optimizer.overlap_param_gather_with_optimizer_step: each bucket's gather follows its update.
+    bool overlap_param_gather_with_optimizer_step = false;
 };
 OptimizerConfig optimizer_config_from(const config::Config& cfg);
 
@@ -62,7 +70,13 @@ struct OptimizerState {
     bool distributed = false;           // distributed optimizer over a group of 2 or more
     bool param_gather_overlap = false;  // gathers run in the next step's first forward
     bool params_pending = false;        // compute copies wait for that gather
-    int dp_size = 1;                    // the gradients' averaging divisor
+    // This step's sums of squares of the averaged gradients (square_grads): [param](group size),
+    // entry r for shard r; the distributed optimizer fills only its own shard's entry.
+    std::vector<std::vector<double>> grad_squares;
+    // The smallest parameter index whose sum of squares is not finite this step (params.size():
+    // none).
+    size_t first_nonfinite = 0;
+    int dp_size = 1;  // the gradients' averaging divisor
     // Pipeline parallelism: params[i]'s index in the whole model's dense (i < num_dense) or
     // expert parameter order, and the sizes of those orders. Empty: one stage holds everything.
     std::vector<int> norm_slots;
@@ -99,12 +113,26 @@ struct OptimizerStepResult {
     std::string first_nonfinite_grad;
 };
 
-// Optimizer step `step` (from 1), on the compute stream after every node of the step:
-// reduction (unless `grads_reduced`: the bucketed reductions of the last backward did it), the
-// norm, clipping, AdamW with zeroed gradients, fresh compute copies, then the gathers (or
-// params_pending with overlap_param_gather).
-OptimizerStepResult optimizer_step(OptimizerState& state, const OptimizerConfig& config,
-                                   int64_t step, bool grads_reduced, comm::ProcessGroups& groups);
+// The optimizer step in pieces, so that each piece can run as soon as its data is ready
+// (optimizer_schedule.h orders them): a piece takes the indices into state.params it works on.
+//
+// Averages the gradients of `params` (g /= DP) and takes the sums of squares of the elements
+// this rank reduced, one per (parameter, shard) as the norm formula above adds them; notes a
+// parameter whose sum is not finite (first_nonfinite_grad). Reads only gradients already reduced.
+void square_grads(OptimizerState& state, const std::vector<size_t>& params,
+                  comm::ProcessGroups& groups);
+// The global norm (header formula) from the squares of every parameter, which square_grads must
+// have taken this step: the distributed optimizer's shards' sums gathered over each group, the
+// stages' over the pipeline group, the EP ranks' expert totals added in rank order. Collective.
+// `result` gets the norm and, when it is not finite, this rank's first parameter with a NaN or an
+// Inf in its gradient.
+void finish_grad_norm(OptimizerState& state, comm::ProcessGroups& groups,
+                      OptimizerStepResult& result);
+// AdamW on the shards of `params` with the gradient scaled by `clip` (clip_coefficient; 1 when no
+// clipping applies), the gradients zeroed for the next step, the shards' compute copies refreshed
+// (with the distributed optimizer the other shards' copies wait for a gather).
+void update_params(OptimizerState& state, const AdamConfig& adam, int64_t step, double clip,
+                   const std::vector<size_t>& params);
 
 // Whole masters and compute copies on every rank (a pending gather done first). Collective over
 // the groups; a no-op without the distributed optimizer.

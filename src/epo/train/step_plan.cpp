@@ -116,6 +116,8 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
     plan.reduce_in_buckets = cfg.ddp.overlap_grad_reduce && has_group;
     plan.distributed_optimizer = cfg.ddp.use_distributed_optimizer && has_group;
     plan.param_gather_overlap = plan.distributed_optimizer && cfg.ddp.overlap_param_gather;
+    plan.param_gather_in_optimizer =
+        plan.param_gather_overlap && cfg.optimizer.overlap_param_gather_with_optimizer_step;
     plan.num_stages = m.pipeline_model_parallel_size;
     plan.num_chunks = config::virtual_pipeline_size(m);
     EPO_CHECK(shape.pipeline_rank >= 0 && shape.pipeline_rank < plan.num_stages &&
@@ -163,12 +165,14 @@ StepPlan make_step_plan(const config::Config& cfg, const model::GptShape& shape)
                 grad_bucket_ends(schedule::stage_positions(p, s), bytes_at, bucket_bytes));
         if (plan.reduce_in_buckets)
             p.stage_grad_bucket_ends = ends;
-        if (plan.param_gather_overlap)
+        const bool gathers_in_schedule =
+            plan.param_gather_overlap && !plan.param_gather_in_optimizer;
+        if (gathers_in_schedule)
             p.stage_param_bucket_ends = ends;
         const std::vector<int>& mine = ends[static_cast<size_t>(shape.pipeline_rank)];
         if (plan.reduce_in_buckets)
             plan.shape.grad_bucket_ends = mine;
-        if (plan.param_gather_overlap)
+        if (gathers_in_schedule)
             plan.shape.param_bucket_ends = mine;
         plan.buckets.resize(mine.size());
         size_t bucket = 0;

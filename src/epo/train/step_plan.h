@@ -1,9 +1,11 @@
 // What one optimizer step does, as data, before anything runs: the schedule shape, the node calls
 // in issue order (baseline, or the combined-1F1B overlap schedule), and the buckets the
 // data-parallel gradient reduction (ddp.overlap_grad_reduce) and the distributed optimizer's
-// parameter gather (ddp.overlap_param_gather) fire in. A pure function of the finalized
-// configuration and the model shape: no MPI, no model, no memory beyond the plan itself, so a
-// planner can build the plan of any recipe on a laptop, and the Trainer runs exactly that plan.
+// parameter gather (ddp.overlap_param_gather; with
+// optimizer.overlap_param_gather_with_optimizer_step the optimizer step gathers them,
+// train/optimizer_schedule.h) fire in. A pure function of the finalized configuration and the model
+// shape: no MPI, no model, no memory beyond the plan itself, so a planner can build the plan of any
+// recipe on a laptop, and the Trainer runs exactly that plan.
 //
 // Buckets (grad_buckets.h): like Megatron-Core's DDP buckets, a bucket collects the gradients of
 // whole model positions in the order the backward finishes them (the output layer and final
@@ -53,8 +55,14 @@ struct StepPlan {
     // Gradients reduced bucket by bucket in the last backward (else by the optimizer step).
     bool reduce_in_buckets = false;
     bool distributed_optimizer = false;  // ZeRO-1 over a group of 2 or more
-    bool param_gather_overlap = false;   // gathers in the next step's first forward
-    schedule::ScheduleShape shape;       // with grad_bucket_ends / param_bucket_ends as used
+    // Gathers overlapped: in the next step's first forward, or (param_gather_in_optimizer) under
+    // the optimizer step.
+    bool param_gather_overlap = false;
+    // optimizer.overlap_param_gather_with_optimizer_step: each bucket's gather is issued by the
+    // optimizer step right after the bucket's update (optimizer_schedule.h); the schedule then
+    // holds no gathers.
+    bool param_gather_in_optimizer = false;
+    schedule::ScheduleShape shape;  // with grad_bucket_ends / param_bucket_ends as used
     std::vector<schedule::NodeCall> calls;
     int num_stages = 1;  // PP
     int num_chunks = 1;  // VPP (1 when unset)

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <memory>
 #include <span>
 #include <unordered_map>
 
@@ -77,6 +78,10 @@ Trainer::Trainer(const RunPlan& run, TrainerOptions options)
         set_norm_slots();
     // The plan's buckets with this model's parameters, position by position in backward order;
     // only those with a group to reduce over take part.
+    std::unordered_map<const Param*, size_t> index_of;
+    for (size_t i = 0; i < optimizer_.params.size(); ++i)
+        index_of[optimizer_.params[i]] = i;
+    std::vector<bool> in_bucket(optimizer_.params.size(), false);
     for (const PlanBucket& planned : plan_.buckets) {
         ParamBucket& b = buckets_.emplace_back();
         for (int position : planned.positions) {
@@ -86,7 +91,24 @@ Trainer::Trainer(const RunPlan& run, TrainerOptions options)
             if (plan_.edp_size > 1)
                 b.expert.insert(b.expert.end(), p.expert.begin(), p.expert.end());
         }
+        for (const std::vector<Param*>* group : {&b.dense, &b.expert}) {
+            for (const Param* p : *group) {
+                b.params.push_back(index_of.at(p));
+                in_bucket[b.params.back()] = true;
+            }
+        }
     }
+    for (size_t i = 0; i < in_bucket.size(); ++i) {
+        if (!in_bucket[i])
+            unbucketed_.push_back(i);
+    }
+    optimizer_ops_ = train::optimizer_ops(OptimizerShape{
+        .num_buckets = static_cast<int>(buckets_.size()),
+        .has_unbucketed = !unbucketed_.empty(),
+        .buckets_reduced = plan_.reduce_in_buckets,
+        .clip = optimizer_config_.clip_grad > 0,
+        .gather_each_bucket = optimizer_.distributed && plan_.param_gather_in_optimizer,
+        .gather_at_end = optimizer_.distributed && !plan_.param_gather_overlap});
 
     dataset_ = make_dataset(run.data);
 }
@@ -199,17 +221,16 @@ StepResult Trainer::step() {
     const bool gather_pending = optimizer_.params_pending;
     optimizer_.params_pending = false;
     const int64_t start = now_ns();
-    schedule::issue_schedule(
+    const schedule::IssuedEvents issued = schedule::issue_schedule(
         plan_.calls, n, streams_,
         with_injected_failure(node_body(gather_pending), injected_failure_, world_rank_, step));
-    // The optimizer step needs every node of both streams done.
-    runtime::Event comm_done("comm done");
-    streams_.comm->record(comm_done);
-    streams_.compute->wait(comm_done);
-    streams_.compute->enqueue("optimizer_step", [this, &result](runtime::StreamContext& ctx) {
+    issue_optimizer_step(issued, result);
+    streams_.compute->enqueue("optimizer_step.end", [this, &result](runtime::StreamContext& ctx) {
         finish_step(ctx, result);
     });
     streams_.synchronize();
+    // The next step's first forward gathers the weights bucket by bucket.
+    optimizer_.params_pending = optimizer_.param_gather_overlap;
     result.step_time_s = seconds_between(start, now_ns());
     add_stream_records(result);
     result.peak_activation_bytes = model_->peak_activation_bytes();
@@ -239,14 +260,85 @@ void Trainer::add_stream_records(StepResult& result) {
     }
 }
 
-// Runs on the compute stream after every node of the step.
+const std::vector<size_t>& Trainer::unit_params(int unit) const {
+    return unit == kUnbucketed ? unbucketed_ : buckets_.at(static_cast<size_t>(unit)).params;
+}
+
+// The optimizer step's pieces in optimizer_ops_'s order (optimizer_schedule.h), issued like the
+// schedule's calls: the issuing thread only enqueues, events order the two streams.
+void Trainer::issue_optimizer_step(const schedule::IssuedEvents& issued, StepResult& result) {
+    runtime::Stream& compute = *streams_.compute;
+    runtime::Stream& comm = *streams_.comm;
+    const int64_t step = steps_done_ + 1;
+    AdamConfig adam = optimizer_config_.adam;
+    adam.lr = learning_rate_at(optimizer_config_.lr, step);
+    result.learning_rate = adam.lr;
+    // Set by the norm's task before any update that needs it runs (the same stream, in order).
+    auto clip = std::make_shared<double>(1.0);
+    // Why: the norm and what follows it run after every call of the schedule on the comm stream
+    // (the last reductions, transfers), as a step without bucketed work would; only the squares of
+    // the buckets already reduced (and, without clipping, their updates) run before.
+    runtime::Event schedule_done("schedule done");
+    comm.record(schedule_done);
+    std::vector<runtime::Event> updated;
+    for (size_t b = 0; b < buckets_.size(); ++b)
+        updated.emplace_back(fmt::format("bucket{}.updated", b));
+    for (const OptimizerOp& op : optimizer_ops_) {
+        const std::string name = op_name(op);
+        const int unit = op.unit;
+        switch (op.kind) {
+            case OptimizerOpKind::kReduce:
+                compute.enqueue(name, [this](runtime::StreamContext& ctx) {
+                    reduce_grads(optimizer_, model_->dense_params(), model_->expert_params(),
+                                 ctx.comm());
+                });
+                break;
+            case OptimizerOpKind::kSquares:
+                // Why: the bucket's gradients are final only once its reduction has run.
+                if (op.waits_for_reduction)
+                    compute.wait(issued.reduced.at(static_cast<size_t>(unit)));
+                compute.enqueue(name, [this, unit](runtime::StreamContext& ctx) {
+                    square_grads(optimizer_, unit_params(unit), ctx.comm());
+                });
+                break;
+            case OptimizerOpKind::kGradNorm:
+                compute.wait(schedule_done);
+                compute.enqueue(name, [this, &result, clip](runtime::StreamContext& ctx) {
+                    OptimizerStepResult r;
+                    finish_grad_norm(optimizer_, ctx.comm(), r);
+                    result.grad_norm = r.grad_norm;
+                    result.first_nonfinite_grad = r.first_nonfinite_grad;
+                    *clip = clip_coefficient(r.grad_norm, optimizer_config_.clip_grad);
+                });
+                break;
+            case OptimizerOpKind::kUpdate:
+                compute.enqueue(name, [this, unit, adam, step, clip](runtime::StreamContext&) {
+                    update_params(optimizer_, adam, step, *clip, unit_params(unit));
+                });
+                if (unit != kUnbucketed)
+                    compute.record(updated[static_cast<size_t>(unit)]);
+                break;
+            case OptimizerOpKind::kGather:
+                // Why: the gather sends this rank's freshly updated shard; it waits for that
+                // update only, not for the rest of the optimizer step.
+                comm.wait(updated.at(static_cast<size_t>(unit)));
+                comm.enqueue(name, [this, unit](runtime::StreamContext& ctx) {
+                    const ParamBucket& b = buckets_[static_cast<size_t>(unit)];
+                    gather_params(b.dense, b.expert, ctx.comm());
+                });
+                break;
+            case OptimizerOpKind::kGatherAll:
+                compute.enqueue(name, [this](runtime::StreamContext& ctx) {
+                    gather_params(model_->dense_params(), model_->expert_params(), ctx.comm());
+                });
+                break;
+        }
+    }
+}
+
+// Runs on the compute stream after the optimizer step's updates.
 void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     comm::ProcessGroups& groups = ctx.comm();
-    const OptimizerStepResult opt = optimizer_step(optimizer_, optimizer_config_, steps_done_ + 1,
-                                                   plan_.reduce_in_buckets, groups);
-    result.grad_norm = opt.grad_norm;
-    result.learning_rate = opt.learning_rate;
-    result.first_nonfinite_grad = opt.first_nonfinite_grad;
     update_expert_biases(*model_, groups.dp);
 
     // Losses: this rank's micro-batch mean, then the mean over data-parallel ranks; the

@@ -1,8 +1,10 @@
 // The training loop of one rank, each step: the micro-batches' data, the step plan
 // (step_plan.h: baseline, or the combined-1F1B overlap schedule when
-// overlap_moe_expert_parallel_comm is on) issued to the compute and comm streams, then on the
-// compute stream the optimizer step (optimizer.h: reduction, norm, clipping, AdamW, gathers), the
-// expert-bias update and the step's loss reduction.
+// overlap_moe_expert_parallel_comm is on) issued to the compute and comm streams, then the
+// optimizer step's pieces in the order of optimizer_schedule.h (optimizer.h: reduction, norm,
+// clipping, AdamW, gathers; each bucket's squares as soon as its reduction is done, each bucket's
+// gather right after its update with overlap_param_gather_with_optimizer_step), then on the
+// compute stream the expert-bias update and the step's loss reduction.
 //
 // Every rank runs the same Trainer; collectives go through each stream's own communicators. With
 // pipeline parallelism (docs/pipeline.md) a rank runs its stage's part of the model and of the
@@ -24,11 +26,13 @@
 #include "epo/config/config.h"
 #include "epo/model/gpt_model.h"
 #include "epo/runtime/rank_streams.h"
+#include "epo/schedule/executor.h"
 #include "epo/schedule/schedule.h"
 #include "epo/train/dataset.h"
 #include "epo/train/fault_injection.h"
 #include "epo/train/flops.h"
 #include "epo/train/optimizer.h"
+#include "epo/train/optimizer_schedule.h"
 #include "epo/train/run_plan.h"
 #include "epo/train/step_plan.h"
 
@@ -89,6 +93,8 @@ public:
     // The node calls one step issues (for traces and the critical-path bound).
     const std::vector<schedule::NodeCall>& schedule_calls() const { return plan_.calls; }
     const StepPlan& plan() const { return plan_; }
+    // The optimizer step's pieces in issue order (optimizer_schedule.h).
+    const std::vector<OptimizerOp>& optimizer_ops() const { return optimizer_ops_; }
 
     // Between steps, the distributed optimizer leaves each rank the current fp32 masters of its
     // own shards only, and (with ddp.overlap_param_gather) the other shards' compute copies for
@@ -113,10 +119,14 @@ public:
     void load_checkpoint(const std::filesystem::path& checkpoint_dir, comm::Communicator& world);
 
 private:
-    // A resolved bucket of the plan: the parameters its reduction / gather covers.
+    // A resolved bucket of the plan: the parameters its reduction / gather covers, and their
+    // indices in the optimizer's parameter list.
     struct ParamBucket {
         std::vector<Param*> dense, expert;
+        std::vector<size_t> params;
     };
+    void issue_optimizer_step(const schedule::IssuedEvents& issued, StepResult& result);
+    const std::vector<size_t>& unit_params(int unit) const;
     void finish_step(runtime::StreamContext& ctx, StepResult& result);
     schedule::NodeBody node_body(bool gather_pending);
     void add_stream_records(StepResult& result);
@@ -135,7 +145,9 @@ private:
     double step_flops_ = 0;
 
     StepPlan plan_;
-    std::vector<ParamBucket> buckets_;  // plan_.buckets with their parameters
+    std::vector<ParamBucket> buckets_;        // plan_.buckets with their parameters
+    std::vector<size_t> unbucketed_;          // optimizer parameters in no bucket
+    std::vector<OptimizerOp> optimizer_ops_;  // the optimizer step, in issue order
     runtime::RankStreams streams_;
     Arena compute_scratch_{"compute scratch"};
     Arena comm_scratch_{"comm scratch"};
