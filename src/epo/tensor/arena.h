@@ -72,7 +72,7 @@ private:
     int num_maps_ = 0;
     std::size_t demand_ = 0;       // bytes taken since the last reset(), without chunk tails
     std::size_t peak_demand_ = 0;  // the most demand_ has been in any cycle
-    mutable std::mutex mutex_;  // not moved: each arena has its own
+    mutable std::mutex mutex_;     // not moved: each arena has its own
 };
 
 }  // namespace epo
