@@ -21,40 +21,40 @@
 namespace epo::config {
 
 struct RuntimeCapabilities {
-    bool tensor_parallel = false;              // RT001
-    bool pipeline_parallel = false;            // RT002
-    bool context_parallel = false;             // RT003
-    bool expert_tensor_parallel = false;       // RT004
-    bool sequence_parallel = false;            // RT005
-    bool multi_token_prediction = false;       // RT006 (more than one MTP layer; one runs)
-    bool multi_latent_attention = false;       // RT007
-    bool full_recompute = false;               // RT008 (runs now)
-    bool fp16 = false;                         // RT009
-    bool fp32_training = false;                // RT010
-    bool shared_expert_overlap = false;        // RT011 (runs now)
-    bool param_gather_overlap = false;         // RT012 (without a distributed optimizer: never)
-    bool distributed_optimizer = false;        // RT013
-    bool tp_comm_overlap = false;              // RT014
-    bool cuda_graphs = false;                  // RT015
-    bool allgather_dispatcher = false;         // RT016
-    bool other_load_balancing = false;         // RT018
-    bool linear_biases = false;                // RT019
-    bool qk_layernorm = false;                 // RT020
-    bool layernorm = false;                    // RT021
-    bool non_swiglu_mlp = false;               // RT022
-    bool non_rope_positions = false;           // RT023
-    bool tied_embeddings = false;              // RT024
-    bool embedding_wgrad_deferral = false;     // RT025
-    bool flex_irregular_nodes = false;         // RT026 (RT017, flex itself, runs now)
-    bool virtual_pipeline_one_stage = false;   // RT027
-    bool pipeline_tied_embeddings = false;     // RT028
-    bool uneven_pipeline = false;              // RT031
-    bool fp8_training = false;                 // RT032
-    bool interleaved_partial_group = false;    // RT033
-    bool recompute_moe_mla = false;            // RT034 (the moe / mla_up_proj modules)
-    bool mla_yarn_rope = false;                // RT035
-    bool pipeline_mtp = false;                 // RT037
-    bool full_recompute_mtp = false;           // RT038
+    bool tensor_parallel = false;             // RT001
+    bool pipeline_parallel = false;           // RT002
+    bool context_parallel = false;            // RT003
+    bool expert_tensor_parallel = false;      // RT004
+    bool sequence_parallel = false;           // RT005
+    bool multi_token_prediction = false;      // RT006 (more than one MTP layer; one runs)
+    bool multi_latent_attention = false;      // RT007
+    bool full_recompute = false;              // RT008 (runs now)
+    bool fp16 = false;                        // RT009
+    bool fp32_training = false;               // RT010
+    bool shared_expert_overlap = false;       // RT011 (runs now)
+    bool param_gather_overlap = false;        // RT012 (without a distributed optimizer: never)
+    bool distributed_optimizer = false;       // RT013
+    bool tp_comm_overlap = false;             // RT014
+    bool cuda_graphs = false;                 // RT015
+    bool allgather_dispatcher = false;        // RT016
+    bool other_load_balancing = false;        // RT018
+    bool linear_biases = false;               // RT019
+    bool qk_layernorm = false;                // RT020
+    bool layernorm = false;                   // RT021
+    bool non_swiglu_mlp = false;              // RT022
+    bool non_rope_positions = false;          // RT023
+    bool tied_embeddings = false;             // RT024
+    bool embedding_wgrad_deferral = false;    // RT025
+    bool flex_irregular_nodes = false;        // RT026 (RT017, flex itself, runs now)
+    bool virtual_pipeline_one_stage = false;  // RT027
+    bool pipeline_tied_embeddings = false;    // RT028
+    bool uneven_pipeline = false;             // RT031
+    bool fp8_training = false;                // RT032
+    bool interleaved_partial_group = false;   // RT033
+    bool recompute_moe_mla = false;           // RT034 (the moe / mla_up_proj modules)
+    bool mla_yarn_rope = false;               // RT035
+    bool pipeline_mtp = false;                // RT037
+    bool full_recompute_mtp = false;          // RT038
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -55,8 +55,7 @@ void Arena::add_chunk(std::size_t min_bytes) {
     // Grow by a quarter of what is mapped (at least what is asked): a growing workload maps
     // O(log) chunks, while what a cycle maps beyond its need stays within about a quarter (a
     // doubling growth left up to twice the need mapped, and resident, for good).
-    const std::size_t size =
-        round_up(std::max(min_bytes, capacity_locked() / 4), kChunkGranule);
+    const std::size_t size = round_up(std::max(min_bytes, capacity_locked() / 4), kChunkGranule);
     map_chunk(size);
 }
 
