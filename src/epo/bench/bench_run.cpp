@@ -365,6 +365,26 @@ void derive(BenchResult& result) {
 
 const char* const kProxyRecipe = "qwen3-30b-a3b";
 
+namespace {
+
+// What both proxies run as their recipes do: the distributed optimizer with bucketed
+// grad-reduce and param-gather overlap (set in comm_overlap, which finalization copies into
+// ddp), 8 MiB buckets, TP comm overlap stated off (a comm_overlap section must state it), and 2
+// ranks as 2 nodes of 1, so all expert traffic crosses the modelled NIC.
+constexpr const char* kProxyRunSections = R"(ddp:
+  use_distributed_optimizer: true
+comm_overlap:
+  tp_comm_overlap: false
+  overlap_grad_reduce: true
+  overlap_param_gather: true
+  bucket_size: 8388608
+comm:
+  num_nodes: 2
+  gpus_per_node: 1
+)";
+
+}  // namespace
+
 const std::string& proxy_yaml() {
     // Real widths of qwen3-30b-a3b (expert FFN 768, head dim 128); hidden 1024 with the heads
     // scaled from 32 query / 4 key-value heads at hidden 2048; 16 experts with top-4 routing
@@ -394,16 +414,7 @@ train:
   global_batch_size: 16
   train_iters: 3
   lr_warmup_iters: 1
-ddp:
-  use_distributed_optimizer: true
-comm_overlap:
-  overlap_grad_reduce: true
-  overlap_param_gather: true
-  bucket_size: 8388608
-comm:
-  num_nodes: 2
-  gpus_per_node: 1
-)";
+)" + std::string(kProxyRunSections);
     return yaml;
 }
 
@@ -446,17 +457,7 @@ train:
   global_batch_size: 8
   train_iters: 3
   lr_warmup_iters: 1
-ddp:
-  use_distributed_optimizer: true
-comm_overlap:
-  tp_comm_overlap: false
-  overlap_grad_reduce: true
-  overlap_param_gather: true
-  bucket_size: 8388608
-comm:
-  num_nodes: 2
-  gpus_per_node: 1
-)";
+)" + std::string(kProxyRunSections);
     return yaml;
 }
 
