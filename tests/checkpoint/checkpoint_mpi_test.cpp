@@ -228,6 +228,30 @@ TEST(Checkpoint, AnotherLayoutIsRefusedNamingTheDifference) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// The tensor-parallel sizes are part of the layout: a rank's file holds its shard of the dense
+// weights (TP) and of the experts (ETP). Both sizes are named, with both values.
+TEST(Checkpoint, AnotherTensorParallelLayoutIsRefusedNamingBothSizes) {
+    const fs::path dir = epo::testing::shared_temp_dir("tp-layout");
+    CheckpointInfo saved_info = info(5);
+    saved_info.layout.tensor_model_parallel_size = 2;
+    saved_info.layout.expert_tensor_parallel_size = 2;
+    const fs::path saved = save_checkpoint(dir, saved_info, rank_tensors(5), control());
+    // Written as saved, read back as saved.
+    EXPECT_EQ(read_rank_checkpoint(saved, comm::current_world_rank(), saved_info.layout)
+                  .info.layout,
+              saved_info.layout);
+    WorldLayout other = saved_info.layout;
+    other.tensor_model_parallel_size = 1;
+    other.expert_tensor_parallel_size = 1;
+    const std::string error =
+        agreed_error([&] { read_rank_checkpoint(saved, comm::current_world_rank(), other); });
+    EXPECT_NE(error.find("model.tensor_model_parallel_size 2 in the checkpoint, 1 in this job; "
+                         "model.expert_tensor_parallel_size 2 in the checkpoint, 1 in this job"),
+              std::string::npos)
+        << error;
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(Checkpoint, AgreementThrowsTheLowestFailingRanksErrorEverywhere) {
     const int n = comm::current_world_size();
     const std::string error = agreed_error([&] {

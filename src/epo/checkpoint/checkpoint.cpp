@@ -31,7 +31,10 @@ json layout_json(const WorldLayout& l) {
             {"gpus_per_node", l.gpus_per_node},
             {"expert_model_parallel_size", l.expert_model_parallel_size},
             {"pipeline_model_parallel_size", l.pipeline_model_parallel_size},
-            {"virtual_pipeline_model_parallel_size", l.virtual_pipeline_model_parallel_size}};
+            {"virtual_pipeline_model_parallel_size", l.virtual_pipeline_model_parallel_size},
+            {"tensor_model_parallel_size", l.tensor_model_parallel_size},
+            {"expert_tensor_parallel_size", l.expert_tensor_parallel_size},
+            {"context_parallel_size", l.context_parallel_size}};
 }
 
 std::string metadata_text(const CheckpointInfo& info, const std::vector<FileRecord>& files) {
@@ -92,7 +95,10 @@ Metadata read_metadata(const fs::path& dir) {
                                     l.at("gpus_per_node").get<int>(),
                                     l.at("expert_model_parallel_size").get<int>(),
                                     l.value("pipeline_model_parallel_size", 1),
-                                    l.value("virtual_pipeline_model_parallel_size", 1)};
+                                    l.value("virtual_pipeline_model_parallel_size", 1),
+                                    l.value("tensor_model_parallel_size", 1),
+                                    l.value("expert_tensor_parallel_size", 1),
+                                    l.value("context_parallel_size", 1)};
         m.info.config_yaml = j.at("config_yaml").get<std::string>();
         for (const json& f : j.at("files")) {
             m.files.push_back(FileRecord{f.at("name").get<std::string>(),
@@ -125,6 +131,11 @@ std::string layout_differences(const WorldLayout& saved, const WorldLayout& now)
         now.pipeline_model_parallel_size);
     add("model.virtual_pipeline_model_parallel_size", saved.virtual_pipeline_model_parallel_size,
         now.virtual_pipeline_model_parallel_size);
+    add("model.tensor_model_parallel_size", saved.tensor_model_parallel_size,
+        now.tensor_model_parallel_size);
+    add("model.expert_tensor_parallel_size", saved.expert_tensor_parallel_size,
+        now.expert_tensor_parallel_size);
+    add("model.context_parallel_size", saved.context_parallel_size, now.context_parallel_size);
     return diff;
 }
 
@@ -193,7 +204,10 @@ WorldLayout world_layout_of(const config::Config& cfg, int world_size) {
         .gpus_per_node = config::gpus_per_node(cfg.comm),
         .expert_model_parallel_size = cfg.model.expert_model_parallel_size,
         .pipeline_model_parallel_size = cfg.model.pipeline_model_parallel_size,
-        .virtual_pipeline_model_parallel_size = config::virtual_pipeline_size(cfg.model)};
+        .virtual_pipeline_model_parallel_size = config::virtual_pipeline_size(cfg.model),
+        .tensor_model_parallel_size = cfg.model.tensor_model_parallel_size,
+        .expert_tensor_parallel_size = config::expert_tensor_parallel_size(cfg.model),
+        .context_parallel_size = cfg.model.context_parallel_size};
 }
 
 std::string iteration_dir_name(int64_t iteration) {

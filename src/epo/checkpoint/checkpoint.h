@@ -45,6 +45,12 @@ struct WorldLayout {
     // layout (a checkpoint without these fields was saved at PP = 1, VPP unset).
     int pipeline_model_parallel_size = 1;
     int virtual_pipeline_model_parallel_size = 1;
+    // Each rank's file holds its tensor-parallel shard of the dense weights and its
+    // expert-tensor-parallel shard of the experts; context parallelism reorders the tokens a rank
+    // holds. A checkpoint without these fields was saved with all three at 1.
+    int tensor_model_parallel_size = 1;
+    int expert_tensor_parallel_size = 1;
+    int context_parallel_size = 1;
 
     bool operator==(const WorldLayout&) const = default;
 };
