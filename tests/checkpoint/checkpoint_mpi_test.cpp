@@ -237,9 +237,9 @@ TEST(Checkpoint, AnotherTensorParallelLayoutIsRefusedNamingBothSizes) {
     saved_info.layout.expert_tensor_parallel_size = 2;
     const fs::path saved = save_checkpoint(dir, saved_info, rank_tensors(5), control());
     // Written as saved, read back as saved.
-    EXPECT_EQ(read_rank_checkpoint(saved, comm::current_world_rank(), saved_info.layout)
-                  .info.layout,
-              saved_info.layout);
+    EXPECT_EQ(
+        read_rank_checkpoint(saved, comm::current_world_rank(), saved_info.layout).info.layout,
+        saved_info.layout);
     WorldLayout other = saved_info.layout;
     other.tensor_model_parallel_size = 1;
     other.expert_tensor_parallel_size = 1;
