@@ -1,8 +1,9 @@
-// docs/plan.md "Published runs against the plan": every planned figure of that table, planned
-// here from the same configuration as the command under the table (the same sources, harness
-// flags and overrides `epo plan` builds, the default calibration), so the table cannot drift
-// from the code. A change of the cost model that moves a figure by more than the tolerance
-// fails here: rerun the commands under the table and update the table with it.
+// docs/plan.md "Published runs against the plan" and "Examples: the shipped recipes": every
+// planned figure of those tables, planned here from the same configuration as the commands
+// beside them (the same sources, harness flags and overrides `epo plan` builds, the default
+// calibration), so the tables cannot drift from the code. A change of the cost model that moves a
+// figure by more than the tolerance fails here: rerun the commands under the table and update the
+// table with it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -205,6 +206,75 @@ TEST(PlanPublished, Row6Qwen3_235BMxfp8On64B200) {
     EXPECT_NEAR(off / on, 1.02, 0.006);  // the plan: on is 2% faster; measured 16% slower
     // MXFP8 against the BF16 of row 5 at the same layout: the plan's fp8 is 15% faster.
     expect_table(run_named(before, "baseline").step_time_s, 12.29, "row 6 baseline with VPP 4");
+}
+
+// docs/plan.md "Examples: the shipped recipes on H100 and B200 clusters": baseline / overlap /
+// overlap + delayed wgrad as the table prints them (3 significant figures) and the verdict.
+struct ExampleRow {
+    PublishedPlan plan;
+    double baseline, overlap, delayed;
+    const char* verdict;
+};
+
+std::vector<ExampleRow> example_rows(const std::string& gpu, const std::vector<double>& figures,
+                                     const std::vector<const char*>& verdicts) {
+    const auto layout = [&](const std::string& recipe, int nodes, int ep) {
+        PublishedPlan p{recipe, gpu, nodes, {}, {}};
+        p.harness.expert_model_parallel_size = ep;
+        return p;
+    };
+    PublishedPlan q235 = layout("qwen3-235b-a22b", 32, 32);
+    q235.harness.tensor_model_parallel_size = 2;
+    q235.harness.pipeline_model_parallel_size = 8;
+    q235.harness.virtual_pipeline_model_parallel_size = std::optional<int>(4);
+    q235.overrides = {"model.sequence_parallel=true",
+                      "model.account_for_embedding_in_pipeline_split=true",
+                      "model.account_for_loss_in_pipeline_split=true"};
+    PublishedPlan dsv3 = layout("deepseek-v3", 128, 64);
+    dsv3.harness.tensor_model_parallel_size = 2;
+    dsv3.harness.pipeline_model_parallel_size = 8;
+    dsv3.overrides = {"model.sequence_parallel=true",
+                      "model.pipeline_model_parallel_layout=Et|(tt|)*30mL"};
+    const std::vector<PublishedPlan> plans = {layout("qwen3-30b-a3b", 1, 8),
+                                              layout("qwen3-30b-a3b", 2, 16),
+                                              layout("qwen3-30b-a3b", 4, 32),
+                                              layout("qwen3-235b-a22b", 4, 32),
+                                              q235,
+                                              dsv3,
+                                              layout("mixtral-8x7b", 2, 8)};
+    std::vector<ExampleRow> rows;
+    for (size_t i = 0; i < plans.size(); ++i)
+        rows.push_back(
+            {plans[i], figures[3 * i], figures[3 * i + 1], figures[3 * i + 2], verdicts[i]});
+    return rows;
+}
+
+void expect_examples(const std::vector<ExampleRow>& rows) {
+    for (const ExampleRow& row : rows) {
+        SCOPED_TRACE(row.plan.recipe + " on " + row.plan.gpu + ", " +
+                     std::to_string(row.plan.nodes) + " nodes");
+        const PlanResult r = plan_published(row.plan);
+        // Three significant figures: within half a unit of the last one (0.5% at most).
+        EXPECT_NEAR(run_named(r, "baseline").step_time_s, row.baseline, 0.0051 * row.baseline);
+        EXPECT_NEAR(run_named(r, "overlap").step_time_s, row.overlap, 0.0051 * row.overlap);
+        EXPECT_NEAR(run_named(r, "overlap+delay_wgrad").step_time_s, row.delayed,
+                    0.0051 * row.delayed);
+        EXPECT_EQ(r.verdict, row.verdict);
+    }
+}
+
+TEST(PlanPublished, ExamplesTableOnH100) {
+    expect_examples(example_rows("h100",
+                                 {45.6, 40.5, 42.3, 39.6, 28.8, 29.7, 25.0, 19.6, 19.8, 211, 155,
+                                  156,  28.4, 21.3, 21.7, 47.2, 38.5, 38.7, 10.2, 10.0, 10.2},
+                                 {"pays", "pays", "pays", "pays", "pays", "pays", "marginal"}));
+}
+
+TEST(PlanPublished, ExamplesTableOnB200) {
+    expect_examples(example_rows("b200",
+                                 {22.6, 19.7, 21.5, 30.1, 24.4, 24.6, 20.3, 17.5, 17.7, 163, 137,
+                                  137,  22.2, 18.7, 18.8, 33.5, 28.9, 29.1, 5.05, 4.93, 5.07},
+                                 {"pays", "pays", "pays", "pays", "pays", "pays", "marginal"}));
 }
 
 }  // namespace
