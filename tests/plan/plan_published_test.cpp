@@ -179,6 +179,27 @@ TEST(PlanPublished, Row5Qwen3_235BBf16On64B200) {
     EXPECT_NEAR(run_named(r, "overlap+delay_wgrad").host_launch_s, 1.598, 0.01);
 }
 
+bool has_note(const PlanResult& r, const std::string& start) {
+    for (const std::string& n : r.notes) {
+        if (n.rfind(start, 0) == 0)
+            return true;
+    }
+    return false;
+}
+
+// Where published runs contradict the verdict, the plan says so: on Blackwell with the alltoall
+// dispatcher (rows 5 and 6), not on H100 (row 1) nor with flex (row 2's dispatcher on a B200).
+TEST(PlanPublished, BlackwellAlltoallPlansNoteTheRunsWhereOverlapDidNotPay) {
+    const std::string note = "host overhead on Blackwell: published B200 runs";
+    EXPECT_TRUE(has_note(plan_published(qwen3_235b_on_b200(4, false)), note));
+    PublishedPlan b200 = qwen3_30b();
+    b200.gpu = "b200";
+    EXPECT_TRUE(has_note(plan_published(b200), note));
+    EXPECT_FALSE(has_note(plan_published(qwen3_30b()), note));
+    b200.harness.moe_flex_dispatcher_backend = std::optional<std::string>("hybridep");
+    EXPECT_FALSE(has_note(plan_published(b200), note));
+}
+
 // The table's sensitivity of row 5: every host figure times 4 (docs/plan-sensitivity), not a
 // default. The per-call charge on delayed wgrad's extra calls, not the host floor, makes it slower.
 TEST(PlanPublished, Row5WithAHostFourTimesSlowerIsMarginal) {
