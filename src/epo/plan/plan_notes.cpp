@@ -101,6 +101,22 @@ void add_layout_notes(const config::Config& cfg, PlanResult& r) {
     }
     if (m.fp8 && r.hardware.device.peak_fp8_tflops <= 0)
         r.notes.push_back("fp8: this device has no fp8 rate; the products are planned at bf16");
+    // Where published runs contradict the verdict (docs/plan.md "Published runs", rows 5 and 6):
+    // on B200, overlap with the alltoall dispatcher ran slower than the baseline from host
+    // overhead, which the host model does not reproduce with its defaults.
+    const std::string& gpu = r.hardware.device.id;
+    if ((gpu == "b200" || gpu == "gb200") &&
+        m.moe_token_dispatcher_type == config::DispatcherType::kAlltoall &&
+        r.verdict != "does not pay") {
+        r.notes.push_back(
+            "host overhead on Blackwell: published B200 runs measured EP overlap with the "
+            "alltoall dispatcher slower than the baseline (Megatron-Bridge PR #1760, "
+            "Qwen3-235B-A22B on 64 B200: 0.93x bf16, 0.84x mxfp8) where this model plans it "
+            "faster; its host charges (node_overhead_us, comm_launch_us) are not checked on a "
+            "Blackwell node and the per-layer token-count sync of the dispatcher is not modelled "
+            "(docs/plan.md, published rows 5 and 6): measure one overlap step before relying on "
+            "the verdict");
+    }
 }
 
 }  // namespace epo::plan

@@ -13,7 +13,8 @@ namespace epo::plan {
 void check_memory(PlanResult& r, const config::Config& cfg);
 
 // Notes: an uneven pipeline split and how it was planned, full recompute with EP overlap (which
-// target allows it), MTP's place, fp8 on a device without an fp8 rate.
+// target allows it), MTP's place, fp8 on a device without an fp8 rate, and on Blackwell with the
+// alltoall dispatcher the published runs where overlap did not pay and the plan said it would.
 void add_layout_notes(const config::Config& cfg, PlanResult& r);
 
 }  // namespace epo::plan
