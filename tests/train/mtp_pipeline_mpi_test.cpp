@@ -163,8 +163,9 @@ TEST_P(MtpPipeline, StagesMatchOneStageAndOverlapIsBitIdentical) {
     EXPECT_LT(max_rel_diff(reference.mtp_losses, base.mtp_losses), kLossTol);
     EXPECT_LT(max_rel_diff(reference.grad_norms, base.grad_norms), kNormTol);
     EXPECT_LT(base.losses.back(), base.losses.front());
-    if (c.mtp)
+    if (c.mtp) {
         EXPECT_GT(base.mtp_losses.front(), 0.0);
+    }
     double worst_param = 0;
     for (const auto& [name, values] : base.params) {
         const auto it = reference.params.find(name);
