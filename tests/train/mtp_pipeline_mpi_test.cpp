@@ -155,10 +155,11 @@ TEST_P(MtpPipeline, StagesMatchOneStageAndOverlapIsBitIdentical) {
     const StagedRecord base =
         run_staged(mtp_pp_config(world, pp, case_overrides(c, pp)), MPI_COMM_WORLD);
 
-    // Tolerances: the embedding gradient's two halves are summed in another order (file comment);
-    // a last-bit difference of a master weight can flip a bf16 compute copy, so the runs drift
-    // apart by far less than the training moves them.
-    constexpr double kLossTol = 1e-4, kNormTol = 1e-3, kParamTol = 1e-4;
+    // Tolerances: the embedding gradient's parts are summed in another order (file comment); a
+    // last-bit difference of a master weight can flip a bf16 compute copy. Measured over these
+    // cases on 2 and 4 ranks: losses equal to the printed digits (relative difference < 1e-9),
+    // grad norms within 1e-8 relative, parameters within 2e-6 absolute.
+    constexpr double kLossTol = 1e-6, kNormTol = 1e-6, kParamTol = 1e-5;
     EXPECT_LT(max_rel_diff(reference.losses, base.losses), kLossTol);
     EXPECT_LT(max_rel_diff(reference.mtp_losses, base.mtp_losses), kLossTol);
     EXPECT_LT(max_rel_diff(reference.grad_norms, base.grad_norms), kNormTol);
