@@ -15,15 +15,18 @@
 // run, with the same place inside it), as in pipeline_mpi_test.cpp.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "epo/checkpoint/rank_agreement.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/train/trainer.h"
 #include "train_test_util.h"
@@ -213,6 +216,51 @@ TEST_P(MtpPipeline, StagesMatchOneStageAndOverlapIsBitIdentical) {
         expect_bit_identical(base, r, what);
         expect_copies_equal(r, pp);
     }
+}
+
+// A checkpoint of a PP 2 run with MTP and tied embeddings holds the last stage's copy in that
+// stage's files: a resumed run's next steps equal the uninterrupted run's bit for bit.
+TEST(MtpPipelineCheckpoint, ResumeWithTheEmbeddingCopyIsBitIdentical) {
+    const int world = comm::current_world_size();
+    const config::Config cfg =
+        mtp_pp_config(world, 2, {"model.share_embeddings_and_output_weights=true"});
+    long pid = getpid();
+    MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("epo_mtp_pp_resume_" + std::to_string(pid));
+    if (comm::current_world_rank() == 0) {
+        std::filesystem::remove_all(dir);
+        std::filesystem::create_directories(dir);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    comm::Communicator control =
+        checkpoint::make_control_communicator({.world_size = world,
+                                               .expert_model_parallel_size = world / 2,
+                                               .gpus_per_node = world,
+                                               .pipeline_model_parallel_size = 2},
+                                              30);
+    std::vector<double> straight, resumed;
+    std::filesystem::path saved;
+    {
+        Trainer t(cfg);
+        t.step();
+        t.step();
+        saved = t.save_checkpoint(dir, control);
+        for (int i = 0; i < 2; ++i) {
+            const StepResult r = t.step();
+            straight.insert(straight.end(), {r.lm_loss, *r.mtp_loss, r.grad_norm});
+        }
+    }
+    Trainer t(cfg);
+    t.load_checkpoint(saved, control);
+    for (int i = 0; i < 2; ++i) {
+        const StepResult r = t.step();
+        resumed.insert(resumed.end(), {r.lm_loss, *r.mtp_loss, r.grad_norm});
+    }
+    EXPECT_EQ(straight, resumed);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (comm::current_world_rank() == 0)
+        std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Pipeline, MtpPipeline,
