@@ -87,6 +87,42 @@ TEST(Groups, MatchTheTopologyForEveryEpSize) {
     }
 }
 
+// The embedding group (process_groups.h): with P > 1 stages, the rank of stage 0 and the rank of
+// stage P-1 at the same place in their stages, in that order; none on the middle stages. Its sum
+// is the same on both ranks.
+TEST(Groups, EmbeddingGroupJoinsTheFirstAndTheLastStage) {
+    const int n = world_size(), me = world_rank();
+    for (int pp = 2; pp <= n; ++pp) {
+        if (n % pp != 0)
+            continue;
+        static auto watchdog = std::make_shared<Watchdog>();
+        CommOptions options;
+        options.timeout_s = 120;
+        auto groups = ProcessGroups::create(
+            ParallelLayout{.world_size = n, .gpus_per_node = n, .pipeline_model_parallel_size = pp},
+            options, "test", watchdog);
+        const int stage_size = n / pp, stage = me / stage_size, local = me % stage_size;
+        if (stage != 0 && stage != pp - 1) {
+            EXPECT_FALSE(groups->embedding.has_value());
+            continue;
+        }
+        ASSERT_TRUE(groups->embedding.has_value());
+        Communicator& e = *groups->embedding;
+        const std::vector<int> expected = {local, (pp - 1) * stage_size + local};
+        EXPECT_EQ(e.members().world_ranks, expected);
+        EXPECT_EQ(e.rank(), stage == 0 ? 0 : 1);
+        std::vector<int> gathered(2);
+        e.all_gather(std::span<const int>(&me, 1), std::span<int>(gathered));
+        EXPECT_EQ(gathered, expected);
+        EXPECT_NE(e.name().find("embedding"), std::string::npos) << e.name();
+        std::vector<float> v = {0.1f * static_cast<float>(me + 1), 1e-8f, 3.0f};
+        e.all_reduce_sum(std::span<float>(v));
+        EXPECT_EQ(v[0], 0.1f * static_cast<float>(expected[0] + 1) +
+                            0.1f * static_cast<float>(expected[1] + 1));
+        EXPECT_EQ(v[2], 6.0f);
+    }
+}
+
 // Items are rows of 3 ints {sender world rank, receiver group rank, index in the segment}.
 struct Rows {
     std::vector<int> data;

@@ -138,6 +138,45 @@ TEST(MlaTrainer, DeepSeekV3FeaturesTogetherAreBitIdenticalToBaseline) {
     EXPECT_GT(with.mtp_losses.front(), 0.0);
 }
 
+// The same features at PP 2 x VPP 2 with an uneven layout whose last chunk holds the MTP layer
+// (`Et|tt|t|tmL`: the last stage's embedding copy feeds the MTP, docs/pipeline.md), EP 2 inside
+// each stage: overlap and overlap + delayed wgrad equal the baseline bit for bit, and so does the
+// baseline without recompute.
+TEST(MlaTrainer, DeepSeekV3FeaturesTogetherWithStagesAreBitIdenticalToBaseline) {
+    const int world = comm::current_world_size();
+    if (world < 4 || world % 4 != 0)
+        GTEST_SKIP() << "EP overlap needs EP > 1: PP 2 needs 4 ranks";
+    const int ep = world / 2;
+    const std::vector<std::string> model = {
+        "model.num_layers=5",
+        "model.moe_layer_freq=[0,1,1,1,1]",
+        "model.mtp_num_layers=1",
+        "model.pipeline_model_parallel_size=2",
+        "model.virtual_pipeline_model_parallel_size=2",
+        "model.pipeline_model_parallel_layout=Et|tt|t|tmL",
+        "model.expert_model_parallel_size=" + std::to_string(ep),
+        "train.global_batch_size=" + std::to_string(2 * ep * 4),
+        "model.moe_shared_expert_intermediate_size=64",
+        "model.moe_router_score_function=sigmoid",
+        "model.moe_router_enable_expert_bias=true",
+        "model.moe_router_num_groups=4",
+        "model.moe_router_group_topk=2",
+        "model.moe_router_topk_scaling_factor=2.5",
+        "model.moe_router_dtype=fp32",
+        "model.moe_router_load_balancing_type=seq_aux_loss",
+        "model.moe_aux_loss_coeff=1e-4"};
+    std::vector<std::string> recompute = model;
+    recompute.insert(recompute.end(), {"model.recompute_granularity=selective",
+                                       "model.recompute_modules=[moe_act,mlp,shared_experts]"});
+    expect_schedules_bit_identical(/*q_lora=*/true, recompute, 4);
+    const RunRecord with = testing::record_run(
+        epo::testing::run_config("tiny-moe", mla_overrides(world, true, recompute)), 4);
+    const RunRecord without = testing::record_run(
+        epo::testing::run_config("tiny-moe", mla_overrides(world, true, model)), 4);
+    expect_bit_identical(with, without);
+    EXPECT_GT(with.mtp_losses.front(), 0.0);
+}
+
 TEST(MlaTrainer, ActivationEstimateFollowsTheMeter) {
     // The memory estimate's activations (config/memory_estimate.h) against the model's
     // activation meter (the arenas' bytes, largest over the steps), baseline schedule: MLA's

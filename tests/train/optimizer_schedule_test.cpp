@@ -42,6 +42,25 @@ TEST(OptimizerSchedule, ClippedStepGathersEachBucketRightAfterItsUpdate) {
     EXPECT_EQ(op_name(ops[0]), "optimizer_step.squares.unbucketed");
 }
 
+// With two copies of the word embedding (stages with MTP or tied embeddings) their sum comes
+// after the reduction and before any squares, in and out of bucketed overlap.
+TEST(OptimizerSchedule, EmbeddingGradsAreSummedAfterTheReductionAndBeforeAnySquares) {
+    for (bool bucketed : {false, true}) {
+        const std::vector<OptimizerOp> ops = optimizer_ops(OptimizerShape{
+            .num_buckets = bucketed ? 2 : 0, .buckets_reduced = bucketed, .embedding_grads = true});
+        const auto sum = std::find(ops.begin(), ops.end(), op(K::kEmbeddingGrads));
+        ASSERT_NE(sum, ops.end());
+        EXPECT_EQ(sum - ops.begin(), bucketed ? 0 : 1);
+        if (!bucketed)
+            EXPECT_EQ(ops[0], op(K::kReduce));
+        EXPECT_EQ(sum[1], op(K::kSquares));
+        EXPECT_EQ(op_name(*sum), "optimizer_step.embedding_grads");
+        EXPECT_EQ(stream_of(*sum), schedule::StreamId::kCompute);
+    }
+    const std::vector<OptimizerOp> none = optimizer_ops(OptimizerShape{});
+    EXPECT_EQ(std::count(none.begin(), none.end(), op(K::kEmbeddingGrads)), 0);
+}
+
 // Without the flag the updates are the same (any order gives the same bits) and no gather is
 // issued: the next forward gathers, or the step ends with all of them (gather_at_end).
 TEST(OptimizerSchedule, WithoutTheFlagNoBucketIsGatheredByTheStep) {

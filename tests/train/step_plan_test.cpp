@@ -17,6 +17,7 @@
 #include "epo/config/builder.h"
 #include "epo/config/finalize.h"
 #include "epo/config/recipes.h"
+#include "epo/train/memory_plan.h"
 
 namespace epo::train {
 namespace {
@@ -343,6 +344,58 @@ TEST(StepPlan, ParameterSizesMatchALiveModel) {
                 expert.push_back(x->main_grad.numel());
             EXPECT_EQ(sizes.dense, dense) << "position " << p;
             EXPECT_EQ(sizes.expert, expert) << "position " << p;
+        }
+    }
+}
+
+// With stages, multi-token prediction and tied embeddings put a copy of the word embedding on the
+// last stage (model/gpt_model.h): listed last at the MTP layer's position (else the output's),
+// the same in param_sizes_at and in the live model of each stage, counted by the memory plan.
+TEST(StepPlan, TheLastStageListsItsEmbeddingCopy) {
+    const std::vector<std::vector<std::string>> variants = {
+        {"model.mtp_num_layers=1"},
+        {"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true"},
+        {"model.share_embeddings_and_output_weights=true"}};
+    for (const std::vector<std::string>& v : variants) {
+        const RecipeTopology t{"tiny-moe", 1, 4, 2};
+        config::Config c = finalized(t, Kind::kBaseline, v);
+        c.model.pipeline_model_parallel_size = 2;
+        c.model.num_layers = 4;
+        c.model.expert_model_parallel_size = 2;
+        for (int stage : {0, 1}) {
+            SCOPED_TRACE(v.back() + " stage " + std::to_string(stage));
+            const model::GptShape shape = model::gpt_shape_from_config(c, 2, 0, stage);
+            ASSERT_TRUE(shape.has_embedding_copies());
+            model::GptModel live(shape);
+            int64_t planned = 0;
+            int embeddings = 0;
+            for (int p = schedule::kEmbeddingPosition; p <= shape.num_layers; ++p) {
+                if (!shape.holds(p))
+                    continue;
+                const model::GptModel::PositionParams params = live.params_at(p);
+                std::vector<int64_t> dense;
+                for (const Param* x : params.dense) {
+                    dense.push_back(x->main_grad.numel());
+                    embeddings += x->name == "embedding.word_embeddings.weight";
+                }
+                EXPECT_EQ(param_sizes_at(shape, p).dense, dense) << "position " << p;
+                for (int64_t n : param_sizes_at(shape, p).dense)
+                    planned += n;
+                for (int64_t n : param_sizes_at(shape, p).expert)
+                    planned += n;
+            }
+            EXPECT_EQ(embeddings, 1);
+            EXPECT_NE(live.embedding_copy(), nullptr);
+            const int64_t copy_position =
+                shape.mtp_num_layers > 0 ? shape.num_layers - 1 : shape.num_layers;
+            EXPECT_EQ(shape.embedding_copy_position(), copy_position);
+            if (stage == 1) {
+                const auto& last = live.params_at(static_cast<int>(copy_position)).dense;
+                ASSERT_FALSE(last.empty());
+                EXPECT_EQ(last.back(), live.embedding_copy());
+            }
+            const StepPlan plan = make_step_plan(c, shape);
+            EXPECT_EQ(estimate_stage_memory(c, plan, shape).gradients, planned * 4);
         }
     }
 }

@@ -189,6 +189,22 @@ std::unique_ptr<ProcessGroups> ProcessGroups::create(const ParallelLayout& layou
                           std::move(members), at, options, owner, watchdog);
                 (sender ? groups->pp_next : groups->pp_prev).emplace(std::move(link));
             }
+            // The embedding group: a split every rank takes part in (MPI_UNDEFINED on the
+            // middle stages), stage 0 group rank 0, stage P-1 group rank 1.
+            if (P > 1) {
+                const bool end_stage = at.stage == 0 || at.stage == P - 1;
+                if (!end_stage) {
+                    MPI_Comm none = MPI_COMM_NULL;
+                    check_mpi(MPI_Comm_split(parent, MPI_UNDEFINED, 0, &none),
+                              "MPI_Comm_split for the embedding group");
+                } else {
+                    std::vector<int> members = {at.local_rank(),
+                                                (P - 1) * at.stage_size + at.local_rank()};
+                    groups->embedding.emplace(split(parent, at.local_rank(), at.stage, "embedding",
+                                                    std::move(members), at, options, owner,
+                                                    watchdog));
+                }
+            }
         });
     return groups;
 }
@@ -213,7 +229,7 @@ ByteCounts ProcessGroups::total_bytes() const {
     ByteCounts total;
     for (const Communicator* c : {&world, &ep, &dp, &edp, &node, &ep_node, &ep_peer, &pp})
         total += c->stats().bytes;
-    for (const std::optional<Communicator>* link : {&pp_next, &pp_prev}) {
+    for (const std::optional<Communicator>* link : {&pp_next, &pp_prev, &embedding}) {
         if (link->has_value())
             total += (*link)->stats().bytes;
     }

@@ -18,6 +18,9 @@
 // rank 0) to stage k+1 mod P (group rank 1): pp_next is the link of this rank's stage, pp_prev the
 // previous stage's. A transfer between stages is a broadcast on a link from its sender, so it has
 // every collective's deadline (naming the peer), byte accounting and link model.
+// embedding (P > 1, on the first and the last stage only) is the reference's embedding group: the
+// rank of stage 0 and the rank of stage P-1 at this rank's place in the stage, which sum the
+// gradients of the two copies of the word embedding (model/gpt_model.h "Embedding copy").
 //
 // Creating a set is collective over `parent` (every rank must create its sets in the same order,
 // normally at start-up on the main thread).
@@ -45,6 +48,7 @@ struct ProcessGroups {
     Communicator ep_peer;  // EP ranks of this rank's local index in their node, in EP-rank order
     Communicator pp;       // one rank per stage, in stage order (size 1 without PP)
     std::optional<Communicator> pp_next, pp_prev;  // P > 1 only
+    std::optional<Communicator> embedding;         // P > 1, stages 0 and P-1 only
 
     int num_stages() const { return layout.pipeline_model_parallel_size; }
     int stage() const { return pp.rank(); }

@@ -49,8 +49,8 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             // The layouts of it that do not run have ids of their own (RT027, RT028, RT033,
-             // RT037).
+             // The layouts of it that do not run have ids of their own (RT027, RT033); RT028 and
+             // RT037 (tied embeddings, MTP) run with the last stage's embedding copy.
              return when(
                  c.model.pipeline_model_parallel_size > 1 &&
                      !c.model.share_embeddings_and_output_weights &&
@@ -311,7 +311,7 @@ const std::vector<FeatureRow>& rows() {
          },
          "set model.rope_type=rope (EPO's MLA runs plain rotary embeddings)"},
         // The MTP layer sits on the last stage and looks up the shifted tokens in the embedding,
-        // which lives on stage 0; the runtime shares no embedding between stages (as RT028).
+        // which lives on stage 0: the last stage holds a copy (model/gpt_model.h), as for RT028.
         {{"RT037",
           "multi-token prediction with pipeline parallelism (the MTP on the last stage needs "
           "stage 0's embedding)",
@@ -348,6 +348,9 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.uneven_pipeline = true;        // config/pipeline_layout.h, used by model and schedule
     caps.full_recompute = true;         // schedule.h "Full recompute", model/gpt_model.h
     caps.shared_expert_overlap = true;  // schedule.h "Shared-expert overlap", moe/moe_block.h
+    // The last stage's embedding copy and the embedding group (model/gpt_model.h).
+    caps.pipeline_tied_embeddings = true;
+    caps.pipeline_mtp = true;
     return caps;
 }
 

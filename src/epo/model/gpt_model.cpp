@@ -97,14 +97,13 @@ GptModel::GptModel(const GptShape& shape)
               "{} layers on stage {} of PP {} x VPP {} ({} stages laid out)", shape.num_layers,
               shape.pipeline_rank, shape.pipeline_size, shape.virtual_pipeline_size,
               shape.pipeline_chunks.size());
-    EPO_CHECK(shape.pipeline_size == 1 || !shape.tie_embeddings,
-              "tied embeddings with pipeline parallelism (refused by RT027)");
     EPO_CHECK(shape.mtp_num_layers == 0 ||
-                  (shape.mtp_num_layers == 1 && shape.num_layers >= 2 && shape.pipeline_size == 1),
+                  (shape.mtp_num_layers == 1 && shape.num_layers >= 2 &&
+                   shape.stage_of_layer(shape.num_layers - 1) == shape.pipeline_size - 1),
               "{} MTP layer(s) in {} layers with PP {} (one MTP layer after at least one decoder "
-              "layer, without pipeline stages: RT006, RT037)",
+              "layer, on the last stage: RT006, LY005)",
               shape.mtp_num_layers, shape.num_layers, shape.pipeline_size);
-    if (shape.holds(-1))
+    if (shape.holds(-1) || shape.holds_embedding_copy())
         embedding_ =
             make_param("embedding.word_embeddings.weight", {shape.vocab, shape.hidden}, cd);
     for (int64_t l = 0; l < shape.num_layers; ++l) {
@@ -162,10 +161,19 @@ std::vector<Param*> GptModel::all_params() const {
     return all;
 }
 
+Param* GptModel::embedding_copy() {
+    return shape_.has_embedding_copies() && (shape_.holds(-1) || shape_.holds_embedding_copy())
+               ? &embedding_
+               : nullptr;
+}
+
 GptModel::PositionParams GptModel::params_at(int position) {
     PositionParams out;
     if (!shape_.holds(position))
         return out;
+    // The last stage's embedding copy, last at its position (train/step_plan.h param_sizes_at).
+    const bool copy_here = shape_.holds_embedding_copy() &&
+                           position == static_cast<int>(shape_.embedding_copy_position());
     if (position < 0) {
         out.dense.push_back(&embedding_);
     } else if (position >= shape_.num_layers) {
@@ -173,6 +181,8 @@ GptModel::PositionParams GptModel::params_at(int position) {
             out.dense.push_back(&final_norm_);
         if (!shape_.tie_embeddings)
             out.dense.push_back(&output_);
+        if (copy_here)
+            out.dense.push_back(&embedding_);
     } else {
         const auto l = static_cast<size_t>(position);
         // The MTP layer's position runs the decoder's final norm and the MTP's own weights (its
@@ -183,6 +193,8 @@ GptModel::PositionParams GptModel::params_at(int position) {
                 out.dense.push_back(p);
         }
         collect_layer_params(layer_shapes_[l], layers_[l], out.dense, out.expert);
+        if (copy_here)
+            out.dense.push_back(&embedding_);
     }
     return out;
 }
@@ -191,7 +203,8 @@ void GptModel::init_weights(uint64_t seed) {
     const float std = shape_.init_std;
     // Megatron-Core scales by the decoder's layer count; the MTP layer uses the same config.
     const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_decoder_layers()));
-    if (shape_.holds(-1))
+    // The copy's name is the embedding's: the same values (GptShape::has_embedding_copies).
+    if (shape_.holds(-1) || shape_.holds_embedding_copy())
         init_normal(embedding_, seed, std);
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
         if (!shape_.holds(l))
@@ -282,6 +295,7 @@ void GptModel::begin_step(std::vector<std::vector<int32_t>> tokens,
         m.layers.assign(static_cast<size_t>(shape_.num_layers), nullptr);
         m.x.assign(positions, nullptr);
         m.dx.assign(positions, nullptr);
+        m.index = static_cast<int>(micro_batches_.size());
         micro_batches_.push_back(std::move(m));
     }
 }
@@ -375,8 +389,9 @@ void GptModel::embedding_forward(int mb, MicroBatch& m) {
     EPO_CHECK(m.x[0] == nullptr, "micro-batch {} starts while its states are still in use", mb);
     model::embedding_forward(embedding_, step_tokens_[static_cast<size_t>(mb)], handoff(m.x, 0));
     // The MTP's embedding of the shifted tokens: here, so that the table's gradient is added in
-    // one place in one order (the embedding backward) whatever the schedule.
-    if (shape_.mtp_num_layers > 0)
+    // one place in one order (the embedding backward) whatever the schedule. With stages the
+    // MTP layer's prologue looks them up in the last stage's copy (mtp_forward).
+    if (mtp_lookup_at_embedding())
         model::embedding_forward(embedding_, step_mtp_tokens_[static_cast<size_t>(mb)],
                                  fill_slot(m.mtp_embed, -1));
 }
@@ -384,7 +399,7 @@ void GptModel::embedding_forward(int mb, MicroBatch& m) {
 void GptModel::embedding_backward(int mb, MicroBatch& m) {
     model::embedding_backward(embedding_, step_tokens_[static_cast<size_t>(mb)], m.dx[0]->t);
     release_handoff(m.dx, 0);
-    if (shape_.mtp_num_layers > 0) {
+    if (mtp_lookup_at_embedding()) {
         model::embedding_backward(embedding_, step_mtp_tokens_[static_cast<size_t>(mb)],
                                   m.d_mtp_embed->t);
         release_slot(m.d_mtp_embed);
@@ -394,6 +409,11 @@ void GptModel::embedding_backward(int mb, MicroBatch& m) {
 // The MTP prologue (mtp.h) of the MTP layer's input: x[L-1] is the decoder's output.
 Tensor GptModel::mtp_forward(MicroBatch& m, Arena& scratch) {
     const auto l = static_cast<size_t>(shape_.num_layers - 1);
+    // With stages: e from the last stage's embedding copy, here (the MTP layer's own node), so
+    // that the copy's gradient is added in one place in one order (mtp_backward).
+    if (!mtp_lookup_at_embedding())
+        model::embedding_forward(embedding_, step_mtp_tokens_[static_cast<size_t>(m.index)],
+                                 fill_slot(m.mtp_embed, -1));
     EPO_CHECK(m.mtp == nullptr && m.mtp_embed != nullptr,
               "the MTP prologue runs with its state in use or without the embedding's e");
     m.mtp = mtp_pool_.acquire();
@@ -410,6 +430,10 @@ void GptModel::mtp_backward(MicroBatch& m, Arena& scratch) {
     mtp_prologue_backward(final_norm_, mtp_, shape_.gradient_accumulation_fusion, m.x[l]->t,
                           m.mtp_embed->t, st, de, handoff(m.dx, static_cast<int>(l)), scratch);
     release_slot(m.mtp_embed);
+    if (!mtp_lookup_at_embedding()) {
+        model::embedding_backward(embedding_, step_mtp_tokens_[static_cast<size_t>(m.index)], de);
+        release_slot(m.d_mtp_embed);
+    }
 }
 
 // The output position: final norm, output layer (the embedding when tied) and loss.

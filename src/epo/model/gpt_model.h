@@ -121,6 +121,21 @@ struct GptShape {
             return pipeline_rank == pipeline_size - 1;
         return stage_of_layer(position) == pipeline_rank;
     }
+    // Embedding copy: with stages, multi-token prediction (which looks up the shifted tokens) and
+    // tied embeddings (whose output layer is the embedding) need the word embedding on the last
+    // stage too. As in the reference, that stage holds a copy, initialised like stage 0's (the
+    // same name, so the same seeded values); the embedding group (comm/process_groups.h) sums the
+    // two copies' gradients before the optimizer step, so they stay equal. The copy is listed
+    // at the position whose backward completes its gradient: the MTP layer's, else the output's.
+    bool has_embedding_copies() const {
+        return pipeline_size > 1 && (mtp_num_layers > 0 || tie_embeddings);
+    }
+    bool holds_embedding_copy() const {
+        return has_embedding_copies() && pipeline_rank == pipeline_size - 1;
+    }
+    int64_t embedding_copy_position() const {
+        return mtp_num_layers > 0 ? num_layers - 1 : num_layers;
+    }
     int64_t tokens() const { return micro_batch_size * seq_length; }
     int64_t num_decoder_layers() const { return num_layers - mtp_num_layers; }
     bool is_mtp_layer(int64_t l) const { return mtp_num_layers > 0 && l == num_layers - 1; }
@@ -213,6 +228,10 @@ public:
         std::vector<Param*> dense, expert;
     };
     PositionParams params_at(int position);
+    // The word embedding this rank holds when the model has two copies of it (stage 0's and the
+    // last stage's, GptShape::has_embedding_copies), else null: the embedding group sums its
+    // gradient.
+    Param* embedding_copy();
     LayerParams& layer(int l) { return layers_[static_cast<size_t>(l)]; }
 
     // Before issuing a step: the step's micro-batches (tokens and labels, T each) and the factor
@@ -259,6 +278,7 @@ private:
         MtpState* mtp = nullptr;
         HandoffState* mtp_embed = nullptr;
         HandoffState* d_mtp_embed = nullptr;
+        int index = 0;  // the micro-batch's index in the step
     };
 
     MicroBatch& micro_batch(int mb);
@@ -285,6 +305,11 @@ private:
     Tensor mtp_forward(MicroBatch& m, Arena& scratch);
     void mtp_backward(MicroBatch& m, Arena& scratch);
     void mtp_output_forward(int mb, MicroBatch& m, Arena& scratch);
+    // Whether the embedding position looks up the MTP's shifted tokens (one stage); with stages
+    // the MTP layer's prologue does, in the last stage's embedding copy.
+    bool mtp_lookup_at_embedding() const {
+        return shape_.mtp_num_layers > 0 && !shape_.has_embedding_copies();
+    }
     void mtp_output_backward(MicroBatch& m, Arena& scratch);
 
     GptShape shape_;

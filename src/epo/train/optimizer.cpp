@@ -69,6 +69,8 @@ std::vector<double> model_parts(const OptimizerState& state, const std::vector<d
     const size_t n = static_cast<size_t>(num_model) * static_cast<size_t>(g);
     std::vector<double> mine(n, 0.0), all(n * static_cast<size_t>(pp.size()));
     for (size_t j = 0; j < end - begin; ++j) {
+        if (state.norm_slots[begin + j] < 0)
+            continue;  // the last stage's embedding copy: stage 0's counts it
         const auto slot = static_cast<size_t>(state.norm_slots[begin + j]);
         for (int r = 0; r < g; ++r)
             mine[slot * g + r] = parts[j * g + r];
@@ -173,6 +175,15 @@ void reduce_grads(const OptimizerState& state, const std::vector<Param*>& dense,
                 group->all_reduce_sum(grad_of(p));
         }
     }
+}
+
+void sum_embedding_grads(const OptimizerState& state, size_t i, comm::ProcessGroups& groups) {
+    EPO_CHECK(groups.embedding.has_value() && i < state.num_dense,
+              "the embedding copies' sum on a rank outside the embedding group (parameter {})", i);
+    Param& p = *state.params[i];
+    const comm::ShardRange shard = state.shard[i];
+    groups.embedding->all_reduce_sum(
+        std::span(p.main_grad.data<float>() + shard.begin, static_cast<size_t>(shard.size())));
 }
 
 void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,

@@ -79,6 +79,8 @@ struct OptimizerState {
     int dp_size = 1;  // the gradients' averaging divisor
     // Pipeline parallelism: params[i]'s index in the whole model's dense (i < num_dense) or
     // expert parameter order, and the sizes of those orders. Empty: one stage holds everything.
+    // -1: not in the norm (the last stage's embedding copy, whose gradient equals stage 0's
+    // embedding's after sum_embedding_grads: the reference counts a shared weight once).
     std::vector<int> norm_slots;
     int num_model_dense = 0, num_model_expert = 0;
 
@@ -100,6 +102,14 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
 // this rank's shard exactly as the all-reduce does.
 void reduce_grads(const OptimizerState& state, const std::vector<Param*>& dense,
                   const std::vector<Param*>& expert, comm::ProcessGroups& groups);
+
+// The embedding group's sum, as the reference's _allreduce_word_embedding_grads: the gradient of
+// params[i], a copy of the word embedding (model/gpt_model.h GptShape::has_embedding_copies), after
+// its data-parallel reduction (this rank's shard of it with the distributed optimizer, which is
+// the other copy's rank's shard too: the stages have the same DP layout), summed with the other
+// copy's over groups.embedding. A sum of two terms in group-rank order on both ranks, so both
+// copies get the same gradient bits and, from the same values and Adam state, the same updates.
+void sum_embedding_grads(const OptimizerState& state, size_t i, comm::ProcessGroups& groups);
 
 // Distributed optimizer: the compute copies of `dense` / `expert` gathered from every shard.
 void gather_params(const std::vector<Param*>& dense, const std::vector<Param*>& expert,

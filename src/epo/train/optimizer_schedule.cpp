@@ -15,6 +15,8 @@ std::string op_name(const OptimizerOp& op) {
     switch (op.kind) {
         case OptimizerOpKind::kReduce:
             return "optimizer_step.reduce";
+        case OptimizerOpKind::kEmbeddingGrads:
+            return "optimizer_step.embedding_grads";
         case OptimizerOpKind::kSquares:
             return "optimizer_step.squares." + unit;
         case OptimizerOpKind::kGradNorm:
@@ -38,6 +40,8 @@ std::vector<OptimizerOp> optimizer_ops(const OptimizerShape& s) {
     };
     if (!s.buckets_reduced)
         ops.push_back({.kind = OptimizerOpKind::kReduce});
+    if (s.embedding_grads)
+        ops.push_back({.kind = OptimizerOpKind::kEmbeddingGrads});
     // Squares in the order the units become ready: the unbucketed unit when the backward ends,
     // each bucket when its reduction does.
     std::vector<int> ready;

@@ -7,6 +7,9 @@
 // data-parallel group, or every parameter when there are no buckets). The list, for B buckets:
 //
 //   reduce                 every gradient over its group, when the schedule reduces no bucket
+//   embedding_grads        with two copies of the word embedding (stages with MTP or tied
+//                          embeddings): their gradients summed over the embedding group, after
+//                          every reduction (the schedule's included) and before any squares
 //   squares(-1)            the unbucketed unit's sums of squares: ready when the backward ends
 //   squares(b), b = 0..B-1 each waits only for its own bucket's reduction (the schedule's
 //                          kGradReduce call), so the squares of the buckets reduced first run
@@ -40,7 +43,15 @@ namespace epo::train {
 
 inline constexpr int kUnbucketed = -1;
 
-enum class OptimizerOpKind { kReduce, kSquares, kGradNorm, kUpdate, kGather, kGatherAll };
+enum class OptimizerOpKind {
+    kReduce,
+    kEmbeddingGrads,
+    kSquares,
+    kGradNorm,
+    kUpdate,
+    kGather,
+    kGatherAll
+};
 
 struct OptimizerOp {
     OptimizerOpKind kind = OptimizerOpKind::kSquares;
@@ -58,6 +69,7 @@ struct OptimizerShape {
     bool clip = true;                 // optimizer.clip_grad > 0
     bool gather_each_bucket = false;  // optimizer.overlap_param_gather_with_optimizer_step
     bool gather_at_end = false;       // distributed, gathers overlapped nowhere
+    bool embedding_grads = false;     // this rank holds a copy of a shared word embedding
 };
 
 // kGather and kGatherAll run on the comm / compute stream respectively; every other op on compute.

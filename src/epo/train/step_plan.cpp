@@ -83,6 +83,8 @@ PositionParamSizes param_sizes_at(const model::GptShape& s, int position) {
             out.dense.push_back(s.hidden);  // final layernorm (with MTP: the MTP layer's)
         if (!s.tie_embeddings)
             out.dense.push_back(s.vocab * s.hidden);  // output layer
+        if (s.has_embedding_copies() && position == s.embedding_copy_position())
+            out.dense.push_back(s.vocab * s.hidden);  // the last stage's embedding copy
     } else {
         if (s.is_mtp_layer(position)) {
             // decoder final layernorm, then the MTP's enorm, hnorm, eh_proj, final layernorm
@@ -90,6 +92,8 @@ PositionParamSizes param_sizes_at(const model::GptShape& s, int position) {
                 out.dense.push_back(n);
         }
         layer_param_sizes(s, s.moe_layers[static_cast<size_t>(position)], out);
+        if (s.has_embedding_copies() && position == s.embedding_copy_position())
+            out.dense.push_back(s.vocab * s.hidden);  // the last stage's embedding copy
     }
     return out;
 }

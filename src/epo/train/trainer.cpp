@@ -108,7 +108,8 @@ Trainer::Trainer(const RunPlan& run, TrainerOptions options)
         .buckets_reduced = plan_.reduce_in_buckets,
         .clip = optimizer_config_.clip_grad > 0,
         .gather_each_bucket = optimizer_.distributed && plan_.param_gather_in_optimizer,
-        .gather_at_end = optimizer_.distributed && !plan_.param_gather_overlap});
+        .gather_at_end = optimizer_.distributed && !plan_.param_gather_overlap,
+        .embedding_grads = model_->embedding_copy() != nullptr});
 
     dataset_ = make_dataset(run.data);
 }
@@ -141,6 +142,13 @@ void Trainer::set_norm_slots() {
     optimizer_.norm_slots.clear();
     for (const Param* p : optimizer_.params)
         optimizer_.norm_slots.push_back(slot_of.at(p));
+    // The last stage's embedding copy stays out of the norm: stage 0's embedding counts it.
+    if (s.holds_embedding_copy()) {
+        for (size_t i = 0; i < optimizer_.params.size(); ++i) {
+            if (optimizer_.params[i] == model_->embedding_copy())
+                optimizer_.norm_slots[i] = -1;
+        }
+    }
     optimizer_.num_model_dense = dense;
     optimizer_.num_model_expert = expert;
 }
@@ -293,6 +301,18 @@ void Trainer::issue_optimizer_step(const schedule::IssuedEvents& issued, StepRes
                                  ctx.comm());
                 });
                 break;
+            case OptimizerOpKind::kEmbeddingGrads:
+                // Why: the sum reads both copies' reduced gradients; the schedule's last
+                // reductions (and this stage's embedding's) are on the comm stream.
+                compute.wait(schedule_done);
+                compute.enqueue(name, [this](runtime::StreamContext& ctx) {
+                    const Param* copy = model_->embedding_copy();
+                    for (size_t i = 0; i < optimizer_.params.size(); ++i) {
+                        if (optimizer_.params[i] == copy)
+                            sum_embedding_grads(optimizer_, i, ctx.comm());
+                    }
+                });
+                break;
             case OptimizerOpKind::kSquares:
                 // Why: the bucket's gradients are final only once its reduction has run.
                 if (op.waits_for_reduction)
@@ -359,8 +379,11 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     if (groups.pp.size() > 1)
         result.lm_loss = group_sum(groups.pp, result.lm_loss);
     // As Megatron-Core's MTPLossLoggingHelper: the micro-batch mean, averaged over DP.
-    if (s.mtp_num_layers > 0)
+    if (s.mtp_num_layers > 0) {
         result.mtp_loss = group_sum(groups.dp, mtp) / groups.dp.size();
+        if (groups.pp.size() > 1)
+            result.mtp_loss = group_sum(groups.pp, *result.mtp_loss);
+    }
     int64_t num_moe_layers = 0;
     for (int64_t l = 0; l < s.num_layers; ++l)
         num_moe_layers += s.moe_layers[static_cast<size_t>(l)];
