@@ -62,7 +62,8 @@ void expect_table(double planned_s, double table_s, const char* what) {
         << what << ": the plan gives " << planned_s << " s, docs/plan.md says " << table_s;
 }
 
-// Speedup off / on and the plan's verdict on it (pays at 1.05x or more, docs/plan.md "How it predicts").
+// Speedup off / on and the plan's verdict on it (pays at 1.05x or more, docs/plan.md "How it
+// predicts").
 void expect_speedup(double off_s, double on_s, double table_speedup, bool pays) {
     EXPECT_NEAR(off_s / on_s, table_speedup, 0.006);
     EXPECT_EQ(off_s / on_s >= 1.05, pays);
