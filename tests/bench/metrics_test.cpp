@@ -97,11 +97,10 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
         m.update(schedule);
         return format_table(m);
     };
-    const std::string table = table_of({{"num_chunks", 2},
-                                        {"chunk_by", "tokens"},
-                                        {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)}});
+    const std::string table =
+        table_of({{"num_chunks", 2}, {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)}});
     EXPECT_NE(table.find("overlap: critical-path bound 1.250 s = at most 1.60x; theoretical cap "
-                         "2NC/(NC+1) = 1.60x (N = 2, C = 2 by tokens)"),
+                         "2NC/(NC+1) = 1.60x (N = 2, C = 2)"),
               std::string::npos)
         << table;
     EXPECT_NE(table.find("baseline: comm threads' CPU 0.200 s per step for 0.800 s of "

@@ -95,7 +95,7 @@ TEST(CriticalPath, ParamGatherIsAPrefetchItsReaderWaitsFor) {
     EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 4.0);
 }
 
-// Token chunks: a chunk's calls wait for the chunk's previous call only, a whole call for every
+// MoE chunks: a chunk's calls wait for the chunk's previous call only, a whole call for every
 // chunk. One MoE layer's forward alone, 2 chunks, every call 1 s: pre [0,1], d0 [1,2], d1 [2,3]
 // with m0 [2,3], c0 [3,4] with m1 [3,4], c1 [4,5]: 5 s against the baseline's 7.
 TEST(CriticalPath, ChunksOfOneMicroBatchOverlap) {

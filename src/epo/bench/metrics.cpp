@@ -146,7 +146,7 @@ std::string node_kind_of(const std::string& record_name) {
             }
         }
     }
-    // A token chunk's call counts as its node's ("dispatch.forward.chunk1" -> "dispatch.forward").
+    // A MoE chunk's call counts as its node's ("dispatch.forward.chunk1" -> "dispatch.forward").
     if (const size_t c = rest.rfind(".chunk");
         c != std::string::npos && c + 6 < rest.size() &&
         std::all_of(rest.begin() + static_cast<std::ptrdiff_t>(c + 6), rest.end(),

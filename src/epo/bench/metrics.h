@@ -80,7 +80,7 @@ StepWork step_work(const config::Config& cfg, const train::Trainer& trainer);
 StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result);
 
 // "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "mb7.bucket0.grad_reduce" ->
-// "grad_reduce"; "wait mb3" -> "wait"; a token chunk's "mb0.layer1.mlp.forward.chunk2" ->
+// "grad_reduce"; "wait mb3" -> "wait"; a MoE chunk's "mb0.layer1.mlp.forward.chunk2" ->
 // "mlp.forward"; "optimizer_step" and its pieces ("optimizer_step.update.bucket2") ->
 // "optimizer_step".
 std::string node_kind_of(const std::string& record_name);
