@@ -1,7 +1,8 @@
 // The bench proxies: small models with the real layer widths of recipes too large for a CPU
 // host, as YAML layers over their recipes (so harness flags and KEY=VALUE still win), and the
 // choice of what `epo bench` and `epo plan` run when the user names no configuration file.
-// Why a proxy keeps what it keeps is written above each one (docs/bench.md "The proxy").
+// Why a proxy keeps what it keeps is written above each one (docs/bench.md "The embedded
+// default: a proxy of qwen3-30b-a3b", "A proxy of deepseek-v3").
 #pragma once
 
 #include <string>
