@@ -23,8 +23,8 @@ ctest --preset asan -j2
 # ThreadSanitizer: only the targets of the subset (CMakePresets.json "tsan" filter; suppressions
 # in tests/tsan.supp, each for an uninstrumented library). Cost here: ~6 min to build from
 # scratch on 2 cores (the whole library once more), then the runtime's tests, one case of the
-# trainer's overlap matrix and two of its chunked overlap, by experts and by tokens (the whole
-# trainer binary takes over 15 min under TSan).
+# trainer's overlap matrix and one of its chunked overlap (the whole trainer binary takes over
+# 15 min under TSan).
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan --target runtime_test runtime_mpi_test comm_mpi_test schedule_test \
   train_mpi_test

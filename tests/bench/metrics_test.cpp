@@ -97,11 +97,10 @@ TEST(BenchTable, ShowsTheBoundNextToTheCapAndTheCommCpu) {
         m.update(schedule);
         return format_table(m);
     };
-    const std::string table = table_of({{"num_chunks", 2},
-                                        {"chunk_by", "tokens"},
-                                        {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)}});
+    const std::string table =
+        table_of({{"num_chunks", 2}, {"theoretical_cap", schedule::overlap_speedup_cap(2, 2)}});
     EXPECT_NE(table.find("overlap: critical-path bound 1.250 s = at most 1.60x; theoretical cap "
-                         "2NC/(NC+1) = 1.60x (N = 2, C = 2 by tokens)"),
+                         "2NC/(NC+1) = 1.60x (N = 2, C = 2)"),
               std::string::npos)
         << table;
     EXPECT_NE(table.find("baseline: comm threads' CPU 0.200 s per step for 0.800 s of "
@@ -243,6 +242,69 @@ TEST(CriticalPathBound, ChunkCallsShareTheWholeBaselineCall) {
             return base_d(c) * share * (split ? 0.5 : 1.0);
         });
     EXPECT_NEAR(bound, expected, 1e-9);
+}
+
+// The optimizer step in the bound, by hand (tests/schedule/critical_path_test.cpp has the same
+// step): output backward 1 s, two bucket reductions 2 s each, embedding backward 1 s; squares
+// and the norm 0.5 s each, updates 1 s, each bucket's gather 2 s, optimizer_step.end 0.25 s.
+// The baseline measured every piece 0.1 s longer: the shorter median counts.
+//   gathers under the optimizer step   squares0 [3,3.5] squares1 [5,5.5] norm [5.5,6]
+//                                      update1 [6,7] gather1 [7,9] update0 [7,8] gather0 [9,11]
+//                                      end [8,8.25]: 11 s (the gathers' 4 s on the comm stream)
+//   gathers at the end of the step     update1 [6,7] update0 [7,8] gather_all (4 s) [8,12]
+//                                      end [12,12.25]: 12.25 s
+//   gathers in the next forward        update1 [6,7] update0 [7,8] end [8,8.25]: 8.25 s
+// Summing the pieces after the schedule instead would give 5 + 3.25 = 8.25 s whatever the
+// gathers do.
+TEST(CriticalPathBound, ChargesTheOptimizersGathersWhereTheyRun) {
+    const std::vector<schedule::NodeCall> calls = {
+        {0, -1, schedule::NodeKind::kOutput, schedule::Phase::kBackward},
+        {0, 0, schedule::NodeKind::kGradReduce, schedule::Phase::kBackward},
+        {0, -1, schedule::NodeKind::kEmbedding, schedule::Phase::kBackward},
+        {0, 1, schedule::NodeKind::kGradReduce, schedule::Phase::kBackward}};
+    const auto call_d = [](const schedule::NodeCall& c) {
+        return c.node == schedule::NodeKind::kGradReduce ? 2.0 : 1.0;
+    };
+    const auto bound = [&](bool each_bucket, bool at_end) {
+        const std::vector<train::OptimizerOp> ops =
+            train::optimizer_ops({.num_buckets = 2,
+                                  .has_unbucketed = false,
+                                  .buckets_reduced = true,
+                                  .gather_each_bucket = each_bucket,
+                                  .gather_at_end = at_end});
+        const auto piece_d = [](const train::OptimizerOp& op) {
+            switch (op.kind) {
+                case train::OptimizerOpKind::kSquares:
+                case train::OptimizerOpKind::kGradNorm:
+                    return 0.5;
+                case train::OptimizerOpKind::kUpdate:
+                    return 1.0;
+                case train::OptimizerOpKind::kGather:
+                    return 2.0;
+                default:
+                    return 4.0;  // the gather of every weight at the end
+            }
+        };
+        std::vector<runtime::TaskRecord> own = records(calls, call_d), base = own;
+        const auto add = [](std::vector<runtime::TaskRecord>& r, const std::string& name,
+                            double s) {
+            r.push_back({.name = name,
+                         .stream = "compute",
+                         .start_ns = 0,
+                         .end_ns = static_cast<int64_t>(s * 1e9)});
+        };
+        for (const train::OptimizerOp& op : ops) {
+            add(own, train::op_name(op), piece_d(op));
+            add(base, train::op_name(op), piece_d(op) + 0.1);
+        }
+        add(own, "optimizer_step.end", 0.25);
+        add(base, "optimizer_step.end", 0.35);
+        return critical_path_bound_s(calls, median_call_durations({base}),
+                                     median_call_durations({own}), ops);
+    };
+    EXPECT_NEAR(bound(true, false), 11.0, 1e-6);
+    EXPECT_NEAR(bound(false, true), 12.25, 1e-6);
+    EXPECT_NEAR(bound(false, false), 8.25, 1e-6);
 }
 
 TEST(CriticalPathBound, MissingDurationIsAnError) {

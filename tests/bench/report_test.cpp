@@ -91,7 +91,6 @@ nlohmann::json metrics_doc(const std::vector<RunTimes>& runs, int steps) {
               {"dispatcher", "flex"},
               {"flex_backend", "deepep"},
               {"num_chunks", 2},
-              {"chunk_by", "experts"},
               {"pair_edges", true},
               {"pipeline_model_parallel_size", 2},
               {"virtual_pipeline_model_parallel_size", 2},

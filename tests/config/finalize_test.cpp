@@ -245,21 +245,19 @@ TEST(Finalize, FlexWithoutBackendFallsBackToAlltoall) {
 }
 
 // Expert chunks serve only the overlap schedule (they leave C = 1's bits): without overlap the
-// layers run whole and W014 says so; with overlap, or by tokens (other bits), C stays.
+// layers run whole and W014 says so; with overlap C stays.
 TEST(Finalize, ExpertChunksWithoutOverlapRunWhole) {
-    const auto finalized = [](bool overlap, ChunkSplit by) {
+    const auto finalized = [](bool overlap) {
         Config c = make_recipe("tiny-moe");
         c.comm_overlap.emplace();
         c.comm_overlap->tp_comm_overlap = false;
         c.comm_overlap->overlap_moe_expert_parallel_comm = overlap;
         c.model.moe_ep_overlap_num_chunks = 2;
-        c.model.moe_ep_overlap_chunk_by = by;
         const auto w = finalize(c).warnings;
         return std::pair{c.model.moe_ep_overlap_num_chunks, has(w, "W014")};
     };
-    EXPECT_EQ(finalized(false, ChunkSplit::kExperts), std::pair(1, true));
-    EXPECT_EQ(finalized(true, ChunkSplit::kExperts), std::pair(2, false));
-    EXPECT_EQ(finalized(false, ChunkSplit::kTokens), std::pair(2, false));
+    EXPECT_EQ(finalized(false), std::pair(1, true));
+    EXPECT_EQ(finalized(true), std::pair(2, false));
     // Without a comm_overlap section overlap is the model's own field, off by default.
     Config bare = make_recipe("tiny-moe");
     bare.model.moe_ep_overlap_num_chunks = 2;

@@ -6,6 +6,7 @@
 
 #include "config_test_util.h"
 #include "epo/config/env.h"
+#include "epo/config/overrides.h"
 #include "epo/config/validate.h"
 
 namespace epo::config {
@@ -216,32 +217,31 @@ TEST(MoeRules, MO006ExpertBiasNeedsSigmoid) {
     }));
 }
 
-// Token chunks: equal chunks of the micro-batch's tokens, dropless, alltoall, MoE models only;
-// each error names the field, its value and the fix.
-TEST(MoeRules, MO007TokenChunks) {
-    const auto chunks = [](int n) {
-        return [n](Config& c) {
-            c.model.moe_ep_overlap_num_chunks = n;
-            c.model.moe_ep_overlap_chunk_by = ChunkSplit::kTokens;
-        };
-    };
-    EXPECT_FALSE(fires("MO007", chunks(1)));
-    EXPECT_FALSE(fires("MO007", chunks(2)));  // tiny-moe: 1 x 128 tokens
-    EXPECT_FALSE(fires("MO007", chunks(128)));
-    const ValidationReport odd = check(chunks(3));
-    ASSERT_TRUE(has(odd.errors, "MO007"));
-    for (const Finding& f : odd.errors) {
-        if (f.id == "MO007") {
-            EXPECT_EQ(f.field, "model.moe_ep_overlap_num_chunks");
-            EXPECT_EQ(f.value, "3");
-            EXPECT_NE(f.message.find("128 tokens"), std::string::npos) << f.message;
-            EXPECT_NE(f.fix.find("divides 128"), std::string::npos) << f.fix;
+// Chunks by tokens were removed: the key still reads `tokens`, and MO007 refuses it whatever the
+// chunk count, naming the field, the value, why (the measurement and where it is written down)
+// and the fix. The other MO007 refusals hold for every chunk count > 1.
+TEST(MoeRules, MO007RefusesTokenChunks) {
+    for (int n : {1, 2}) {
+        Config c = base();
+        apply_overrides(
+            c, std::vector<std::string>{"model.moe_ep_overlap_num_chunks=" + std::to_string(n),
+                                        "model.moe_ep_overlap_chunk_by=tokens"});
+        ASSERT_EQ(c.model.moe_ep_overlap_chunk_by, ChunkSplit::kTokens);
+        const ValidationReport r = validate(c);
+        ASSERT_TRUE(has(r.errors, "MO007")) << n << " chunk(s)";
+        for (const Finding& f : r.errors) {
+            if (f.id == "MO007") {
+                EXPECT_EQ(f.field, "model.moe_ep_overlap_chunk_by");
+                EXPECT_EQ(f.value, "tokens");
+                EXPECT_NE(f.message.find("1.3-1.5x busier"), std::string::npos) << f.message;
+                EXPECT_NE(f.message.find("docs/measurements.md"), std::string::npos) << f.message;
+                EXPECT_NE(f.fix.find("model.moe_ep_overlap_chunk_by=experts"), std::string::npos)
+                    << f.fix;
+            }
         }
     }
-    EXPECT_TRUE(fires("MO007", [](Config& c) {
-        c.model.moe_ep_overlap_num_chunks = 2;
-        c.model.moe_ep_overlap_chunk_by = ChunkSplit::kTokens;
-        c.model.moe_expert_capacity_factor = 1.0;
+    EXPECT_FALSE(fires("MO007", [](Config& c) {
+        apply_overrides(c, std::vector<std::string>{"model.moe_ep_overlap_chunk_by=experts"});
     }));
     EXPECT_TRUE(fires("MO007", [](Config& c) {
         c.model.moe_ep_overlap_num_chunks = 2;
@@ -252,7 +252,7 @@ TEST(MoeRules, MO007TokenChunks) {
         c.model.num_moe_experts.reset();
         c.model.expert_model_parallel_size = 1;
     }));
-    EXPECT_FALSE(check(chunks(0)).ok());  // the field's range: at least 1
+    EXPECT_FALSE(check([](Config& c) { c.model.moe_ep_overlap_num_chunks = 0; }).ok());
 }
 
 // Expert chunks (the default split): equal groups of each rank's local experts, with or without
@@ -274,7 +274,7 @@ TEST(MoeRules, MO007ExpertChunks) {
             EXPECT_EQ(f.value, "4");
             EXPECT_NE(f.message.find("2 local experts"), std::string::npos) << f.message;
             EXPECT_NE(f.fix.find("divides 2"), std::string::npos) << f.fix;
-            EXPECT_NE(f.fix.find("moe_ep_overlap_chunk_by=tokens"), std::string::npos) << f.fix;
+            EXPECT_EQ(f.fix.find("tokens"), std::string::npos) << f.fix;
         }
     }
     EXPECT_FALSE(fires("MO007", [](Config& c) {  // EP 2: 4 local experts

@@ -98,7 +98,7 @@ TEST(Validate, OneMicroBatchHasNothingToOverlap) {
     EXPECT_TRUE(r.ok());
     EXPECT_TRUE(has(r.warnings, "W012"));
     EXPECT_FALSE(has(validate(ep_overlap_config()).warnings, "W012"));
-    c.model.moe_ep_overlap_num_chunks = 2;  // token chunks overlap within the micro-batch
+    c.model.moe_ep_overlap_num_chunks = 2;  // expert chunks overlap within the micro-batch
     EXPECT_FALSE(has(validate(c).warnings, "W012"));
 }
 

@@ -160,6 +160,21 @@ TEST(MoeConfigFrom, RecipesMapToTheLayer) {
         EXPECT_EQ(e.kind(), ErrorKind::kConfig);
         EXPECT_NE(std::string(e.what()).find("sinkhorn"), std::string::npos);
     }
+    // Chunks by tokens were removed; a model that asks for them, even past the rules, is refused
+    // with the reason and the fix.
+    config::ModelConfig tokens = config::make_recipe("tiny-moe").model;
+    tokens.moe_ep_overlap_chunk_by = config::ChunkSplit::kTokens;
+    try {
+        moe_config_from(tokens);
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+        const std::string what = e.what();
+        EXPECT_NE(what.find("model.moe_ep_overlap_chunk_by=tokens"), std::string::npos) << what;
+        EXPECT_NE(what.find("docs/measurements.md"), std::string::npos) << what;
+        EXPECT_NE(what.find("set model.moe_ep_overlap_chunk_by=experts"), std::string::npos)
+            << what;
+    }
 }
 
 // An fp32 router in bf16 mode computes exactly what an fp32 layer's router computes on the

@@ -185,8 +185,8 @@ TEST(PlanCost, ExpertLoadImbalanceChargesTheBusiestRank) {
 }
 
 // A chunked MoE layer's calls (docs/chunked-overlap.md) split the micro-batch's work: together
-// the C chunks' calls do the products and move the bytes of the one whole call. By experts each
-// chunk runs L / C experts on their whole rows; by tokens every expert on 1 / C of its rows.
+// the C chunks' calls do the products and move the bytes of the one whole call, each chunk
+// running L / C experts on their whole rows.
 TEST(PlanCost, ChunksShareTheWholeCallsWork) {
     const auto flops = [](const NodeWork& w) {
         double f = 0;
@@ -206,28 +206,19 @@ TEST(PlanCost, ChunksShareTheWholeCallsWork) {
     const NodeWork whole = work({}, schedule::NodeKind::kMlp, -1);
     const NodeWork whole_dispatch = work({}, schedule::NodeKind::kDispatch, -1);
     ASSERT_FALSE(whole.gemms.empty());
-    for (const char* by : {"experts", "tokens"}) {
-        SCOPED_TRACE(by);
-        // With overlap: without it, chunks by experts run whole (W014).
-        const std::vector<std::string> o = {"model.moe_ep_overlap_num_chunks=4",
-                                            std::string("model.moe_ep_overlap_chunk_by=") + by,
-                                            "comm_overlap.overlap_moe_expert_parallel_comm=true"};
-        const NodeWork part = work(o, schedule::NodeKind::kMlp, 1);
-        EXPECT_NEAR(4 * flops(part), flops(whole), 1e-6 * flops(whole));
-        EXPECT_NEAR(4 * part.elementwise_bytes, whole.elementwise_bytes,
-                    1e-9 * whole.elementwise_bytes);
-        // qwen3-30b-a3b at EP 16: 8 local experts, so 2 per chunk by experts.
-        if (std::string(by) == "experts") {
-            EXPECT_DOUBLE_EQ(part.gemms[0].m, whole.gemms[0].m);
-            EXPECT_DOUBLE_EQ(part.gemms[0].count, 2);
-        } else {
-            EXPECT_DOUBLE_EQ(4 * part.gemms[0].m, whole.gemms[0].m);
-            EXPECT_DOUBLE_EQ(part.gemms[0].count, 8);
-        }
-        const NodeWork d = work(o, schedule::NodeKind::kDispatch, 3);
-        EXPECT_NEAR(4.0 * static_cast<double>(d.bytes.inter_sent),
-                    static_cast<double>(whole_dispatch.bytes.inter_sent), 4.0);
-    }
+    // With overlap: without it, chunks run whole (W014).
+    const std::vector<std::string> o = {"model.moe_ep_overlap_num_chunks=4",
+                                        "comm_overlap.overlap_moe_expert_parallel_comm=true"};
+    const NodeWork part = work(o, schedule::NodeKind::kMlp, 1);
+    EXPECT_NEAR(4 * flops(part), flops(whole), 1e-6 * flops(whole));
+    EXPECT_NEAR(4 * part.elementwise_bytes, whole.elementwise_bytes,
+                1e-9 * whole.elementwise_bytes);
+    // qwen3-30b-a3b at EP 16: 8 local experts, so 2 per chunk, each on its whole rows.
+    EXPECT_DOUBLE_EQ(part.gemms[0].m, whole.gemms[0].m);
+    EXPECT_DOUBLE_EQ(part.gemms[0].count, 2);
+    const NodeWork d = work(o, schedule::NodeKind::kDispatch, 3);
+    EXPECT_NEAR(4.0 * static_cast<double>(d.bytes.inter_sent),
+                static_cast<double>(whole_dispatch.bytes.inter_sent), 4.0);
 }
 
 TEST(PlanCost, FlexDeduplicatesAsDocsFlexSays) {

@@ -95,7 +95,7 @@ TEST(CriticalPath, ParamGatherIsAPrefetchItsReaderWaitsFor) {
     EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 4.0);
 }
 
-// Token chunks: a chunk's calls wait for the chunk's previous call only, a whole call for every
+// MoE chunks: a chunk's calls wait for the chunk's previous call only, a whole call for every
 // chunk. One MoE layer's forward alone, 2 chunks, every call 1 s: pre [0,1], d0 [1,2], d1 [2,3]
 // with m0 [2,3], c0 [3,4] with m1 [3,4], c1 [4,5]: 5 s against the baseline's 7.
 TEST(CriticalPath, ChunksOfOneMicroBatchOverlap) {
@@ -196,6 +196,53 @@ TEST(CriticalPath, ChunksMakeOneMicroBatchOverlap) {
     // Each MoE layer: pre_dispatch 1 s, then 2 s of comm with the experts under it (3 s, not
     // 4): 16 s against 20.
     EXPECT_DOUBLE_EQ(critical_path_seconds(overlap_schedule(chunked), chunk_dur), 0.8 * base);
+}
+
+// The optimizer step after the schedule (the tail), by hand. The schedule: output backward
+// [0,1], bucket 0's reduction [1,3] (comm, after the output), embedding backward [1,2], bucket
+// 1's reduction [3,5]. The optimizer with clipping and 2 buckets: squares 0.5 s each (bucket b's
+// after its reduction), the norm 0.5 s (after the schedule's comm calls), updates 1 s (bucket 1
+// first), gathers 2 s.
+std::vector<NodeCall> tail_schedule() {
+    return {{0, -1, NodeKind::kOutput, Phase::kBackward},
+            {0, 0, NodeKind::kGradReduce, Phase::kBackward},
+            {0, -1, NodeKind::kEmbedding, Phase::kBackward},
+            {0, 1, NodeKind::kGradReduce, Phase::kBackward}};
+}
+double tail_durations(const NodeCall& c) {
+    return c.node == NodeKind::kGradReduce ? 2.0 : 1.0;
+}
+std::vector<TailCall> tail_squares_and_norm() {
+    return {{.duration_s = 0.5, .waits_for_reduction = 0},
+            {.duration_s = 0.5, .waits_for_reduction = 1},
+            {.duration_s = 0.5, .waits_for_schedule = true}};
+}
+
+// Gathers under the optimizer step run on the comm stream, each after its bucket's update:
+// squares0 [3,3.5], squares1 [5,5.5], norm [5.5,6], update1 [6,7], gather1 [7,9], update0 [7,8],
+// gather0 [9,11]: 11 s. At the end of the step, one compute-stream gather of 4 s after the
+// updates: [8,12]. In the next forward (calls of the next step's schedule), none here: 8 s.
+TEST(CriticalPath, TailChargesTheOptimizersGathersWhereTheyRun) {
+    const std::vector<NodeCall> calls = tail_schedule();
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, tail_durations), 5.0);
+    std::vector<TailCall> under = tail_squares_and_norm();
+    under.push_back({.duration_s = 1.0});                                             // 3
+    under.push_back({.stream = StreamId::kComm, .duration_s = 2.0, .waits_for = 3});  // 4
+    under.push_back({.duration_s = 1.0});                                             // 5
+    under.push_back({.stream = StreamId::kComm, .duration_s = 2.0, .waits_for = 5});
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, tail_durations, under), 11.0);
+    std::vector<TailCall> at_end = tail_squares_and_norm();
+    at_end.push_back({.duration_s = 1.0});
+    at_end.push_back({.duration_s = 1.0});
+    at_end.push_back({.duration_s = 4.0});
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, tail_durations, at_end), 12.0);
+    std::vector<TailCall> none = tail_squares_and_norm();
+    none.push_back({.duration_s = 1.0});
+    none.push_back({.duration_s = 1.0});
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, tail_durations, none), 8.0);
+    // A piece that waits for a reduction the schedule does not hold is an error.
+    EXPECT_THROW(critical_path_seconds(calls, tail_durations, {{.waits_for_reduction = 2}}),
+                 std::exception);
 }
 
 }  // namespace

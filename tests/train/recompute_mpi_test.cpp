@@ -89,7 +89,7 @@ std::vector<std::string> overrides(const Shape& shape, int micro_batches,
     return o;
 }
 
-// Capacity mode unless `capacity` is false (token chunks need dropless routing, MO007).
+// Capacity mode unless `capacity` is false (dropless).
 config::Config make(int micro_batches, std::vector<std::string> extra, bool capacity = true,
                     const Shape& shape = test_shape()) {
     return epo::testing::run_config("tiny-moe",
@@ -167,18 +167,16 @@ TEST(Recompute, AllModulesAreBitIdenticalInFp32) {
     }
 }
 
-// Expert chunks run the experts (and their activation's recompute) one group at a time, token
-// chunks (dropless, MO007) with a dispatcher state each; recompute keeps the bits of each.
+// Expert chunks run the experts (and their activation's recompute) one group at a time, with
+// a capacity and dropless; recompute keeps the bits of each.
 TEST(Recompute, AllModulesWithMoeChunksAreBitIdentical) {
     if (!two_ranks())
         GTEST_SKIP() << "runs at 2 ranks (see two_ranks())";
     constexpr int kSteps = 3, kMicroBatches = 2;
-    for (const char* chunk_by : {"experts", "tokens"}) {
-        SCOPED_TRACE(chunk_by);
-        const bool capacity = std::string(chunk_by) == "experts";
-        const std::vector<std::string> chunks = joined(
-            schedules()[2].overrides, {"model.moe_ep_overlap_num_chunks=2",
-                                       std::string("model.moe_ep_overlap_chunk_by=") + chunk_by});
+    for (const bool capacity : {true, false}) {
+        SCOPED_TRACE(capacity ? "capacity" : "dropless");
+        const std::vector<std::string> chunks =
+            joined(schedules()[2].overrides, {"model.moe_ep_overlap_num_chunks=2"});
         const config::Config off = make(kMicroBatches, chunks, capacity);
         const config::Config on =
             make(kMicroBatches, joined(chunks, selective(kModules.back())), capacity);
@@ -310,7 +308,7 @@ std::pair<RunRecord, std::vector<double>> record_with_aux(const config::Config& 
     return {r, aux};
 }
 
-// MoE chunks (by experts and by tokens), paired edges and multi-latent attention with
+// MoE chunks (with a capacity and dropless), paired edges and multi-latent attention with
 // DeepSeek-V3's router under full recompute, each against the same run without it (overlap with
 // delayed wgrad).
 TEST(FullRecompute, ChunksPairedEdgesAndMlaAreBitIdentical) {
@@ -324,12 +322,8 @@ TEST(FullRecompute, ChunksPairedEdgesAndMlaAreBitIdentical) {
         bool capacity = true;
     };
     const std::vector<Variant> variants = {
-        {"chunks by experts", joined(delayed, {"model.moe_ep_overlap_num_chunks=2",
-                                               "model.moe_ep_overlap_chunk_by=experts"})},
-        {"chunks by tokens",
-         joined(delayed,
-                {"model.moe_ep_overlap_num_chunks=2", "model.moe_ep_overlap_chunk_by=tokens"}),
-         false},
+        {"chunks", joined(delayed, {"model.moe_ep_overlap_num_chunks=2"})},
+        {"chunks, dropless", joined(delayed, {"model.moe_ep_overlap_num_chunks=2"}), false},
         {"paired edges", joined(delayed, {"model.moe_ep_overlap_pair_edges=true"})},
         {"mla",
          joined(delayed,

@@ -178,7 +178,6 @@ nlohmann::json run_json(const ScheduleRun& r, nlohmann::json nodes, nlohmann::js
             {"baseline_differences", r.baseline_differences},
             {"critical_path_bound_s", optional_json(r.critical_path_bound_s)},
             {"num_chunks", r.config.model.moe_ep_overlap_num_chunks},
-            {"chunk_by", std::string(config::enum_name(r.config.model.moe_ep_overlap_chunk_by))},
             {"overlap_efficiency", optional_json(r.overlap_efficiency)},
             {"speedup_vs_baseline", optional_json(r.speedup_vs_baseline)},
             {"nodes", std::move(nodes)},
@@ -224,7 +223,6 @@ nlohmann::json schedule_options_json(const BenchResult& result, bool pair_edges,
                  ? nlohmann::json(std::string(config::enum_name(*m.moe_flex_dispatcher_backend)))
                  : nlohmann::json(nullptr)},
             {"num_chunks", m.moe_ep_overlap_num_chunks},
-            {"chunk_by", std::string(config::enum_name(m.moe_ep_overlap_chunk_by))},
             {"pair_edges", pair_edges},
             {"pipeline_model_parallel_size", m.pipeline_model_parallel_size},
             {"virtual_pipeline_model_parallel_size",
@@ -293,7 +291,6 @@ nlohmann::json metrics_json(const BenchResult& result, std::vector<nlohmann::jso
         {"pipeline_model_parallel_size", c.model.pipeline_model_parallel_size},
         {"num_micro_batches", config::num_microbatches(c)},
         {"num_chunks", c.model.moe_ep_overlap_num_chunks},
-        {"chunk_by", std::string(config::enum_name(c.model.moe_ep_overlap_chunk_by))},
         // The overlap schedule's speedup cap at comm = compute (schedule.h).
         {"theoretical_cap",
          schedule::overlap_speedup_cap(static_cast<int>(config::num_microbatches(c)),
@@ -357,12 +354,10 @@ std::string caps_line(const nlohmann::json& m) {
                 const int chunks = m.value("num_chunks", 1);
                 const bool paired =
                     m.value("pair_edges", false) && m.value("num_micro_batches", 0) >= 2;
-                out += fmt::format("; theoretical cap {} = {:.2f}x (N = {}, C = {}{})",
+                out += fmt::format("; theoretical cap {} = {:.2f}x (N = {}, C = {})",
                                    paired ? "with paired edges" : "2NC/(NC+1)",
                                    m.at("theoretical_cap").get<double>(),
-                                   m.value("num_micro_batches", 0), chunks,
-                                   chunks > 1 ? " by " + m.value("chunk_by", std::string("experts"))
-                                              : std::string());
+                                   m.value("num_micro_batches", 0), chunks);
             }
             out += "\n";
         }

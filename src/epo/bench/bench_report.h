@@ -28,7 +28,7 @@
 //   run {command_line, commit (git describe at build time, "unknown" outside a checkout),
 //   epo_version, host, cpu_model, cpu_features, avx512_bf16, amx_bf16, date_utc} (run_info.h),
 //   schedule_options {schedules[], overlap_moe_expert_parallel_comm, delay_wgrad_compute (the
-//   subject's), dispatcher, flex_backend (null unless flex), num_chunks, chunk_by, pair_edges,
+//   subject's), dispatcher, flex_backend (null unless flex), num_chunks, pair_edges,
 //   pipeline_model_parallel_size, virtual_pipeline_model_parallel_size (or null),
 //   num_micro_batches, micro_batch_size, link_model (link_label)},
 //   model, proxy, world_size, num_nodes, gpus_per_node, num_micro_batches, steps_per_run,

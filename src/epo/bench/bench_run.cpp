@@ -45,16 +45,6 @@ std::string format_duration(double s) {
                        : fmt::format("{}s", total);
 }
 
-// Collective; bounded by comm.timeout_s (`timeout_s`) as every wait on the other ranks.
-double max_over_ranks(double v, double timeout_s) {
-    double out = v;
-    comm::watched_world_call("reducing a benchmark metric", timeout_s, [&] {
-        comm::check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
-                        "reducing a benchmark metric");
-    });
-    return out;
-}
-
 config::ConfigSources sources_for(const BenchOptions& options, const BenchSchedule* schedule,
                                   const std::vector<std::string>& extra) {
     config::ConfigSources s = with_bench_model(options.sources);
@@ -95,12 +85,6 @@ std::string schedule_name_of(const config::Config& cfg) {
         return "baseline";
     }
     return cfg.model.delay_wgrad_compute ? "overlap+delay_wgrad" : "overlap";
-}
-
-std::vector<std::string> link_overrides(const LinkCalibration& c) {
-    return {fmt::format("comm.link.inter_node_gbps={:.6g}", c.inter_node_gbps),
-            fmt::format("comm.link.intra_node_gbps={:.6g}", c.intra_node_gbps),
-            fmt::format("comm.link.latency_us={:.6g}", c.latency_us)};
 }
 
 // One rank's log file and, on rank 0, the progress stream.
@@ -151,113 +135,6 @@ void add_routed_counts(ScheduleRun& run, train::Trainer& trainer) {
         for (size_t e = 0; e < c.size(); ++e)
             sum[e] += c[e];
     }
-}
-
-LinkCalibration calibrate(const BenchOptions& options, double ratio, const comm::JobShape& job,
-                          Logs& logs) {
-    const BenchSchedule base{"baseline", false, false};
-    const config::Config cfg =
-        finalized_or_throw(sources_for(options, &base,
-                                       {"comm.link.inter_node_gbps=0",
-                                        "comm.link.intra_node_gbps=0", "comm.link.latency_us=0"}),
-                           job, "calibration");
-    logs.both(
-        fmt::format("[bench] calibrating the link model to comm/compute = {}: baseline "
-                    "with the link model off",
-                    ratio));
-    train::Trainer trainer(cfg, {.keep_records = true});
-    const int steps = options.warmup_steps + 2;
-    std::vector<double> compute, comm_s, a2a_bytes, reduce_bytes, gather_bytes, other_bytes,
-        collectives;
-    const bool inter = config::num_nodes(cfg.comm) > 1;
-    for (int i = 0; i < steps; ++i) {
-        const train::StepResult r = trainer.step();
-        if (i < options.warmup_steps) {
-            continue;
-        }
-        compute.push_back(r.compute_busy_s);
-        comm_s.push_back(r.comm_busy_s);
-        double a2a = 0, reduce = 0, gather = 0, other = 0, n = 0;
-        for (const runtime::TaskRecord& t : r.records) {
-            const int64_t sent = inter ? t.bytes.inter_sent : t.bytes.intra_sent;
-            const int64_t recv = inter ? t.bytes.inter_recv : t.bytes.intra_recv;
-            if (t.kind != runtime::RecordKind::kTask || sent + recv == 0) {
-                continue;
-            }
-            const std::string kind = node_kind_of(t.name);
-            (t.stream != "comm"                                              ? other
-             : kind == schedule::node_name(schedule::NodeKind::kGradReduce)  ? reduce
-             : kind == schedule::node_name(schedule::NodeKind::kParamGather) ? gather
-                                                                             : a2a) +=
-                static_cast<double>(std::max(sent, recv));
-            n += 1;
-        }
-        a2a_bytes.push_back(a2a);
-        reduce_bytes.push_back(reduce);
-        gather_bytes.push_back(gather);
-        other_bytes.push_back(other);
-        collectives.push_back(n);
-    }
-    LinkCalibration c;
-    c.target_ratio = ratio;
-    c.compute_s = max_over_ranks(summarize(compute).median, cfg.comm.timeout_s);
-    c.comm_s_unmodelled = max_over_ranks(summarize(comm_s).median, cfg.comm.timeout_s);
-    c.alltoall_bytes = max_over_ranks(summarize(a2a_bytes).median, cfg.comm.timeout_s);
-    c.grad_reduce_bytes = max_over_ranks(summarize(reduce_bytes).median, cfg.comm.timeout_s);
-    c.param_gather_bytes = max_over_ranks(summarize(gather_bytes).median, cfg.comm.timeout_s);
-    c.compute_stream_bytes = max_over_ranks(summarize(other_bytes).median, cfg.comm.timeout_s);
-    c.num_collectives =
-        static_cast<int64_t>(max_over_ranks(summarize(collectives).median, cfg.comm.timeout_s));
-    c.inter_node = inter;
-    const config::Config user = finalized_or_throw(sources_for(options, &base, {}), job, "run");
-    c.latency_us = user.comm.link.latency_us.value_or(0.0);
-    const double optimizer_bytes =
-        c.grad_reduce_bytes + c.param_gather_bytes + c.compute_stream_bytes;
-    const double bytes = c.alltoall_bytes + optimizer_bytes;
-    // The comm stream's busy time with the link model off (waiting for the other ranks to enter
-    // each all-to-all, then the copies) stays when the link model is on: the model holds a
-    // collective from the moment the last rank entered it. Leave it out of the modelled time so
-    // the calibrated baseline's communication comes out at R x C, not R x C plus that.
-    const double link_time =
-        ratio * c.compute_s - c.num_collectives * c.latency_us * 1e-6 - c.comm_s_unmodelled;
-    if (c.alltoall_bytes <= 0 || link_time <= 0) {
-        throw Error(
-            ErrorKind::kConfig,
-            fmt::format("--comm_compute_ratio {}: cannot calibrate: {} collectives moving "
-                        "{:.0f} bytes per step with comm.link.latency_us={} already take "
-                        "more than {:.3f} s, of which {:.3f} s is the all-to-alls' own time "
-                        "without the link model (or there is no all-to-all: is the model MoE "
-                        "with expert parallel > 1?); lower comm.link.latency_us or raise "
-                        "the ratio",
-                        ratio, c.num_collectives, bytes, c.latency_us, ratio * c.compute_s,
-                        c.comm_s_unmodelled));
-    }
-    const double gbps = bytes * 8.0 / link_time / 1e9;
-    // The calibrated link holds one step's collectives about ratio x compute seconds; past
-    // comm.timeout_s no step could finish, so say so now instead of starting runs that time out
-    // (or, before the hold was bounded, slept for years).
-    if (link_time > user.comm.timeout_s || gbps < comm::kMinLinkGbps) {
-        throw Error(
-            ErrorKind::kUsage,
-            fmt::format("--comm_compute_ratio {}: the link this calibrates to ({:.3g} "
-                        "Gbit/s) holds one step's {} collectives {:.3g} s, beyond "
-                        "comm.timeout_s = {} s (or below the {:g} Gbit/s the link model "
-                        "accepts); give a ratio of at most {:.3g}, or raise "
-                        "comm.timeout_s",
-                        ratio, gbps, c.num_collectives, link_time, user.comm.timeout_s,
-                        comm::kMinLinkGbps,
-                        std::min(user.comm.timeout_s, bytes * 8.0 / (comm::kMinLinkGbps * 1e9)) /
-                            c.compute_s));
-    }
-    (c.inter_node ? c.inter_node_gbps : c.intra_node_gbps) = gbps;
-    c.compute_stream_comm_s = c.compute_stream_bytes * 8.0 / (gbps * 1e9);
-    logs.both(fmt::format(
-        "[bench] link model: compute {:.3f} s/step; per step {:.1f} MB of all-to-alls and "
-        "{:.1f} MB of data-parallel gradient/parameter traffic and loss reductions -> "
-        "comm.link.{}_node_gbps={:.4g} latency_us={}",
-        c.compute_s, c.alltoall_bytes / 1e6, optimizer_bytes / 1e6,
-        c.inter_node ? "inter" : "intra", gbps, c.latency_us));
-    return c;
 }
 
 // With pipeline stages: each schedule's bubble, the compute stream's idle time per step (step
@@ -338,9 +215,9 @@ void derive(BenchResult& result) {
             r.baseline_differences = c.differences;
         }
         if (base && &r != base && r.schedule.overlap && !r.durations.empty()) {
-            r.critical_path_bound_s =
-                max_over_ranks(critical_path_bound_s(r.calls, base->durations, r.durations),
-                               result.config.comm.timeout_s);
+            r.critical_path_bound_s = max_over_ranks(
+                critical_path_bound_s(r.calls, base->durations, r.durations, r.optimizer_ops),
+                result.config.comm.timeout_s);
             r.overlap_efficiency = overlap_efficiency(
                 base->step_time_s.median, r.step_time_s.median, *r.critical_path_bound_s);
         }
@@ -362,160 +239,6 @@ void derive(BenchResult& result) {
 }
 
 }  // namespace
-
-const char* const kProxyRecipe = "qwen3-30b-a3b";
-
-namespace {
-
-// What both proxies run as their recipes do: the distributed optimizer with bucketed
-// grad-reduce and param-gather overlap (set in comm_overlap, which finalization copies into
-// ddp), 8 MiB buckets, TP comm overlap stated off (a comm_overlap section must state it), and 2
-// ranks as 2 nodes of 1, so all expert traffic crosses the modelled NIC.
-constexpr const char* kProxyRunSections = R"(ddp:
-  use_distributed_optimizer: true
-comm_overlap:
-  tp_comm_overlap: false
-  overlap_grad_reduce: true
-  overlap_param_gather: true
-  bucket_size: 8388608
-comm:
-  num_nodes: 2
-  gpus_per_node: 1
-)";
-
-}  // namespace
-
-const std::string& proxy_yaml() {
-    // Real widths of qwen3-30b-a3b (expert FFN 768, head dim 128); hidden 1024 with the heads
-    // scaled from 32 query / 4 key-value heads at hidden 2048; 16 experts with top-4 routing
-    // (qwen3: 128, top-8), so two CPU ranks finish a step in seconds; 2 layers, sequence 512,
-    // vocabulary 2048 (a small vocabulary keeps the dense gradient all-reduce, which can hide
-    // only behind the last backward, below the all-to-all traffic); 2 ranks as 2 nodes of 1
-    // (all expert traffic crosses the modelled NIC); 8 micro-batches per step. As in the
-    // recipe, the distributed optimizer with bucketed grad-reduce and param-gather overlap
-    // (set in comm_overlap, which finalization copies into ddp), with 8 MiB buckets: each of the 2
-    // layers, the output layer and the embedding is a bucket of its own, as a 48-layer model's 128
-    // MiB buckets hold a few of its layers each.
-    static const std::string yaml = R"(model:
-  num_layers: 2
-  hidden_size: 1024
-  num_attention_heads: 16
-  num_query_groups: 2
-  kv_channels: 128
-  ffn_hidden_size: 3072
-  moe_ffn_hidden_size: 768
-  num_moe_experts: 16
-  moe_router_topk: 4
-  seq_length: 512
-  vocab_size: 2048
-  expert_model_parallel_size: 2
-train:
-  micro_batch_size: 1
-  global_batch_size: 16
-  train_iters: 3
-  lr_warmup_iters: 1
-)" + std::string(kProxyRunSections);
-    return yaml;
-}
-
-const std::string& deepseek_v3_proxy_yaml() {
-    // Over the deepseek-v3 recipe, which keeps what the runtime runs: MLA with its real widths
-    // (q_lora_rank 1536, kv_lora_rank 512, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim
-    // 128, the latent norms), sigmoid routing with expert bias, group-limited top-k and the
-    // recipe's scaling factor 2.5, the fp32 router, the sequence aux loss, a shared expert of
-    // the real FFN 2048 with shared-expert overlap, the real expert FFN 2048, one MTP layer.
-    // Shrunk so that two CPU ranks finish a step in seconds (docs/bench.md gives the reasons):
-    // - hidden 1024 (7168), 16 heads (128; the same heads per hidden width);
-    // - 2 decoder layers, the first dense as the recipe's first 3 of 61 (moe_layer_freq), plus
-    //   the MTP layer (MoE, as the last decoder layer): one dense and two MoE layers;
-    // - the dense FFN 2688, the recipe's 18432 scaled as the hidden size (x 1024 / 7168, to a
-    //   multiple of 128; a first try with 10240 = (top-4 + 1 shared) x 2048 took 16 s a step
-    //   here and added 31 M dense parameters to a gradient traffic that already dwarfs the
-    //   all-to-alls, docs/bench.md);
-    // - 16 experts with top-4 (256, top-8), in 8 groups of which each token keeps 4 (the
-    //   recipe's 8 and 4), so group-limited routing still limits a token to half the groups;
-    // - sequence 256 (4096), 4 micro-batches per step, vocabulary 2048 (129280: a small
-    //   vocabulary keeps the dense gradient reduction below the all-to-all traffic);
-    // - 2 ranks as 2 nodes of 1 (all expert traffic crosses the modelled NIC), the distributed
-    //   optimizer with bucketed overlap and 8 MiB buckets, as the qwen3-30b-a3b proxy.
-    static const std::string yaml = R"(model:
-  num_layers: 2
-  moe_layer_freq: [0, 1]
-  hidden_size: 1024
-  num_attention_heads: 16
-  num_query_groups: 16
-  ffn_hidden_size: 2688
-  num_moe_experts: 16
-  moe_router_topk: 4
-  moe_router_num_groups: 8
-  moe_router_group_topk: 4
-  seq_length: 256
-  vocab_size: 2048
-  expert_model_parallel_size: 2
-train:
-  micro_batch_size: 1
-  global_batch_size: 8
-  train_iters: 3
-  lr_warmup_iters: 1
-)" + std::string(kProxyRunSections);
-    return yaml;
-}
-
-const std::string* bench_proxy_yaml(const std::string& recipe) {
-    if (recipe == kProxyRecipe)
-        return &proxy_yaml();
-    if (recipe == "deepseek-v3")
-        return &deepseek_v3_proxy_yaml();
-    return nullptr;
-}
-
-int launch_world_size(const config::Config& built) {
-    const config::CommConfig& comm = built.comm;
-    const std::int64_t nodes = comm.num_nodes.value_or(1);
-    std::int64_t per_node = 0;
-    if (comm.gpus_per_node) {
-        per_node = *comm.gpus_per_node;
-    } else {
-        const std::int64_t least =
-            std::max<std::int64_t>(1, config::model_parallel_size(built.model)) *
-            std::max(1, built.model.expert_model_parallel_size);
-        per_node =
-            (least + std::max<std::int64_t>(1, nodes) - 1) / std::max<std::int64_t>(1, nodes);
-    }
-    const std::int64_t world = nodes * per_node;  // each factor is a validated int or derived
-    if (nodes < 1 || per_node < 1 || world > kMaxLocalRanks) {
-        throw Error(ErrorKind::kUsage,
-                    fmt::format("comm.num_nodes {} x comm.gpus_per_node {} = {} ranks: epo bench "
-                                "starts its ranks on this host and takes 1 to {}; set "
-                                "--num_nodes and --gpus_per_node (or run epo bench inside your "
-                                "own mpirun / srun job for more)",
-                                nodes, per_node, world, kMaxLocalRanks));
-    }
-    return static_cast<int>(world);
-}
-
-config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy) {
-    const bool proxy = !sources.model && !sources.config_path && !sources.config_text;
-    if (proxy) {
-        sources.model = kProxyRecipe;
-        sources.config_text = proxy_yaml();
-    }
-    if (is_proxy) {
-        *is_proxy = proxy;
-    }
-    return sources;
-}
-
-config::ConfigSources with_bench_model(config::ConfigSources sources, bool* is_proxy) {
-    const bool no_file = !sources.config_path && !sources.config_text;
-    const std::string* yaml = no_file && sources.model ? bench_proxy_yaml(*sources.model) : nullptr;
-    if (!yaml)
-        return with_default_model(std::move(sources), is_proxy);
-    sources.config_text = *yaml;
-    if (is_proxy)
-        *is_proxy = true;
-    return sources;
-}
 
 const std::vector<BenchSchedule>& compare_schedules() {
     static const std::vector<BenchSchedule> s = {
@@ -594,64 +317,6 @@ std::string bench_warnings(const BenchOptions& options, const comm::JobShape& jo
     return all.warnings.empty() ? "" : config::format_findings(all);
 }
 
-void check_out_dir_unused(const std::filesystem::path& dir) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (!fs::exists(dir, ec)) {
-        // A symlink whose target is gone cannot be created as a directory: say so now, not
-        // after the ranks have started.
-        if (fs::is_symlink(fs::symlink_status(dir, ec))) {
-            throw Error(ErrorKind::kUsage,
-                        fmt::format("--out {}: it is a symbolic link to '{}', which does not "
-                                    "exist; create that directory, or give another path",
-                                    dir.string(), fs::read_symlink(dir, ec).string()));
-        }
-        // The nearest existing ancestor must be a directory this user can write into.
-        fs::path parent = fs::absolute(dir, ec).parent_path();
-        while (!parent.empty() && !fs::exists(parent, ec) && parent != parent.root_path())
-            parent = parent.parent_path();
-        if (!parent.empty() &&
-            (!fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK | X_OK) != 0)) {
-            throw Error(ErrorKind::kUsage,
-                        fmt::format("--out {}: cannot create it: '{}' is not a directory this "
-                                    "user can write into; give a path under a writable directory",
-                                    dir.string(), parent.string()));
-        }
-        return;
-    }
-    if (!std::filesystem::is_directory(dir, ec)) {
-        throw Error(ErrorKind::kUsage,
-                    fmt::format("--out {}: it is a file, not a directory; give a new directory "
-                                "(it is created)",
-                                dir.string()));
-    }
-    if (!std::filesystem::is_empty(dir, ec)) {
-        throw Error(ErrorKind::kUsage,
-                    fmt::format("--out {}: the directory is not empty (another run's results?); "
-                                "a run never writes into another's: give a new directory, or "
-                                "remove this one first",
-                                dir.string()));
-    }
-}
-
-bool mark_run_stopped(const std::filesystem::path& dir, int signal, int status) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec))
-        return false;
-    const std::time_t now = std::time(nullptr);
-    char stamp[32] = "";
-    std::tm utc{};
-    if (gmtime_r(&now, &utc))
-        std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    std::ofstream out(dir / kStoppedMarker);
-    out << fmt::format(
-        "stopped by {} at {} before the run finished (launcher exit status {}): metrics.json, "
-        "report.html and trace.json are missing or partial; rerun to measure\n",
-        checkpoint::signal_name(signal), stamp, status);
-    out.close();
-    return static_cast<bool>(out);
-}
-
 BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     const auto t0 = Clock::now();
     const int rank = comm::current_world_rank();
@@ -715,7 +380,12 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
     const std::optional<double> ratio = calibration_ratio(options, result.proxy);
     std::vector<std::string> link;
     if (ratio && *ratio > 0) {
-        result.calibration = calibrate(options, *ratio, job, logs);
+        const BenchSchedule base{"baseline", false, false};
+        const config::Config link_off = finalized_or_throw(
+            sources_for(options, &base, link_overrides(LinkCalibration{})), job, "calibration");
+        const config::Config user = finalized_or_throw(sources_for(options, &base, {}), job, "run");
+        result.calibration = calibrate_link(link_off, user, *ratio, options.warmup_steps,
+                                            [&](const std::string& line) { logs.both(line); });
         link = link_overrides(*result.calibration);
     } else if (ratio) {
         // --comm_compute_ratio 0: the link model off, whatever the configuration says.
@@ -768,6 +438,7 @@ BenchResult run_bench(const BenchOptions& options, std::ostream& log) {
             reset_peak_rss();
             train::Trainer trainer(run.config, {.keep_records = true});
             run.calls = trainer.schedule_calls();
+            run.optimizer_ops = trainer.optimizer_ops();
             const StepWork work = step_work(run.config, trainer);
             run.losses.emplace_back();
             run.grad_norms.emplace_back();

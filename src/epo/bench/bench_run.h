@@ -26,7 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "epo/bench/bench_launch.h"
+#include "epo/bench/calibration.h"
 #include "epo/bench/metrics.h"
+#include "epo/bench/proxies.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/config/builder.h"
 #include "epo/config/config.h"
@@ -42,29 +45,6 @@ struct BenchSchedule {
 
 const std::vector<BenchSchedule>& compare_schedules();
 
-// The embedded default (no --model, no config file): a small proxy of qwen3-30b-a3b with its
-// real layer widths, as a YAML layer over the recipe, so harness flags and KEY=VALUE still win.
-extern const char* const kProxyRecipe;
-const std::string& proxy_yaml();
-// The proxy of deepseek-v3 (docs/bench.md "A proxy of deepseek-v3"), built the same way.
-const std::string& deepseek_v3_proxy_yaml();
-// The bench proxy of a recipe, or nullptr for a recipe that has none.
-const std::string* bench_proxy_yaml(const std::string& recipe);
-// `sources` with the proxy layer added when they name neither a model nor a config file (epo
-// plan's default as well as epo bench's).
-config::ConfigSources with_default_model(config::ConfigSources sources, bool* is_proxy = nullptr);
-// What epo bench runs: with a config file, or a model without a proxy, `sources` as they are;
-// with no model the qwen3-30b-a3b proxy, with a model that has a proxy (qwen3-30b-a3b,
-// deepseek-v3; the full models cannot fit on a CPU host) its proxy.
-config::ConfigSources with_bench_model(config::ConfigSources sources, bool* is_proxy = nullptr);
-
-// How many ranks `epo bench` starts on this host for a built configuration: comm.num_nodes x
-// comm.gpus_per_node where stated; an unstated comm.num_nodes is 1 and an unstated
-// comm.gpus_per_node what the model-parallel and expert-parallel sizes need at least
-// (TP x PP x CP x EP over the nodes). Raises epo::Error (kUsage) above kMaxLocalRanks.
-inline constexpr int kMaxLocalRanks = 256;
-int launch_world_size(const config::Config& built);
-
 struct BenchOptions {
     config::ConfigSources sources;
     bool compare = false;
@@ -75,28 +55,6 @@ struct BenchOptions {
     // The command as the user started it (run_info.h shell_join), for metrics.json and the
     // report; "" records rank 0's own command line.
     std::string command_line;
-};
-
-// Communication counts every collective: the all-to-alls of the comm stream and the gradient and
-// loss reductions the compute stream runs in the optimizer step (the overlap schedule can hide
-// only the former). With C the compute stream's busy time and E, A their bytes per step (link
-// model off; per collective the larger of sent and received across nodes):
-//
-//   bandwidth = 8 * (E + A) / (R * C - collectives * latency)   bits/s
-struct LinkCalibration {
-    double target_ratio = 0;
-    double compute_s = 0;              // compute-stream busy per step, link model off
-    double comm_s_unmodelled = 0;      // comm-stream busy per step, link model off
-    double alltoall_bytes = 0;         // E: the comm stream's dispatch/combine all-to-alls
-    double grad_reduce_bytes = 0;      // the comm stream's bucketed gradient reductions
-    double param_gather_bytes = 0;     // the comm stream's bucketed parameter gathers
-    double compute_stream_bytes = 0;   // the optimizer step's reductions (A with the above)
-    double compute_stream_comm_s = 0;  // A's modelled time at the chosen bandwidth
-    int64_t num_collectives = 0;       // tasks with communication, per step
-    bool inter_node = true;            // which bandwidth was set
-    double inter_node_gbps = 0;
-    double intra_node_gbps = 0;
-    double latency_us = 0;
 };
 
 // The comm/compute ratio the link model is calibrated to, or none (the configuration's link):
@@ -124,7 +82,8 @@ struct ScheduleRun {
     std::vector<std::vector<int64_t>> routed_counts;
     std::vector<std::vector<runtime::TaskRecord>> measured_records;  // this rank, per step
     std::vector<schedule::NodeCall> calls;
-    CallDurations durations;  // this rank: medians over measured steps
+    std::vector<train::OptimizerOp> optimizer_ops;  // the optimizer step's pieces, in issue order
+    CallDurations durations;                        // this rank: medians over measured steps
 
     Summary step_time_s;
     double tokens_per_s = 0, tflops_per_rank = 0;          // at the median step time
@@ -171,19 +130,6 @@ config::Config check_bench_config(const BenchOptions& options, const comm::JobSh
 // to overlap; ...), each id and field once, as `epo validate` prints them; "" without any. Rank 0
 // prints them before the runs.
 std::string bench_warnings(const BenchOptions& options, const comm::JobShape& job);
-
-// --out DIR must name a directory that does not exist yet or is empty: a run never writes into
-// another run's directory (its metrics, report and trace would be replaced and its configs/ and
-// logs/ mixed with the new ones). kUsage naming the directory and the fix otherwise. Local.
-void check_out_dir_unused(const std::filesystem::path& dir);
-
-// A run directory whose job was stopped before it finished (SIGTERM, SIGINT or SIGHUP to
-// `epo bench`) holds a file of this name saying so; `epo check-run` reports it. Its metrics,
-// report and trace, if any, are missing or partial.
-inline constexpr const char* kStoppedMarker = "STOPPED";
-// Writes that file (`signal` names the signal, `status` the launcher's exit status); returns
-// false when the directory does not exist (the ranks never created it: nothing to mark).
-bool mark_run_stopped(const std::filesystem::path& dir, int signal, int status);
 
 // Collective over MPI_COMM_WORLD. `log` receives rank 0's progress; every rank also writes its
 // own log to <run_dir>/logs/rank-R.log.

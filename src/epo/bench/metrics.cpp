@@ -56,6 +56,38 @@ double lookup(const CallDurations& durations, const std::string& name, const cha
     return it->second;
 }
 
+// The optimizer step's pieces as the replay's tail (critical_path.h), each at the shorter of its
+// medians in the two runs (one run's where only it has the piece), then "optimizer_step.end" (the
+// losses and the step's end, on the compute stream) likewise.
+std::vector<schedule::TailCall> optimizer_tail(const std::vector<train::OptimizerOp>& ops,
+                                               const CallDurations& baseline,
+                                               const CallDurations& own) {
+    const auto shorter = [&](const std::string& name) {
+        const auto b = baseline.find(name), o = own.find(name);
+        if (b == baseline.end() && o == own.end())
+            return lookup(own, name, "overlap");  // raises, naming the piece
+        if (b == baseline.end())
+            return o->second;
+        return o == own.end() ? b->second : std::min(b->second, o->second);
+    };
+    std::vector<schedule::TailCall> tail;
+    std::map<int, int> update_of;  // bucket -> the index of its update in `tail`
+    for (const train::OptimizerOp& op : ops) {
+        schedule::TailCall t{.stream = train::stream_of(op),
+                             .duration_s = shorter(train::op_name(op)),
+                             .waits_for_reduction = op.waits_for_reduction ? op.unit : -1,
+                             .waits_for_schedule = op.kind == train::OptimizerOpKind::kGradNorm};
+        if (op.kind == train::OptimizerOpKind::kGather)
+            t.waits_for = update_of.at(op.unit);
+        if (op.kind == train::OptimizerOpKind::kUpdate)
+            update_of[op.unit] = static_cast<int>(tail.size());
+        tail.push_back(t);
+    }
+    if (baseline.count("optimizer_step.end") || own.count("optimizer_step.end"))
+        tail.push_back({.duration_s = shorter("optimizer_step.end")});
+    return tail;
+}
+
 }  // namespace
 
 int64_t peak_rss_bytes() {
@@ -146,7 +178,7 @@ std::string node_kind_of(const std::string& record_name) {
             }
         }
     }
-    // A token chunk's call counts as its node's ("dispatch.forward.chunk1" -> "dispatch.forward").
+    // A MoE chunk's call counts as its node's ("dispatch.forward.chunk1" -> "dispatch.forward").
     if (const size_t c = rest.rfind(".chunk");
         c != std::string::npos && c + 6 < rest.size() &&
         std::all_of(rest.begin() + static_cast<std::ptrdiff_t>(c + 6), rest.end(),
@@ -183,7 +215,8 @@ CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskR
 }
 
 double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
-                             const CallDurations& baseline, const CallDurations& own) {
+                             const CallDurations& baseline, const CallDurations& own,
+                             const std::vector<train::OptimizerOp>& optimizer_ops) {
     using schedule::NodeCall;
     const int num_chunks = schedule::num_moe_chunks(calls);
     // The two halves of a delayed weight gradient's backward: this run's durations of the input
@@ -245,6 +278,9 @@ double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
         const double mine = call.phase == schedule::Phase::kBackwardDw ? w : d;
         return d + w > 0 ? whole * mine / (d + w) : 0.0;
     };
+    if (!optimizer_ops.empty())
+        return schedule::critical_path_seconds(calls, duration,
+                                               optimizer_tail(optimizer_ops, baseline, own));
     // The optimizer step's pieces, each run's sum (the shorter of the two).
     const auto optimizer_total = [](const CallDurations& d) {
         double sum = 0;
@@ -313,6 +349,15 @@ BitComparison compare_bits(const RunBits& a, const RunBits& b) {
                 ? "final parameters (no checksum recorded)"
                 : fmt::format("final parameters ({} vs {})", a.param_checksum, b.param_checksum));
     return c;
+}
+
+double max_over_ranks(double v, double timeout_s) {
+    double out = v;
+    comm::watched_world_call("reducing a benchmark metric", timeout_s, [&] {
+        comm::check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+                        "reducing a benchmark metric");
+    });
+    return out;
 }
 
 }  // namespace epo::bench

@@ -80,7 +80,7 @@ StepWork step_work(const config::Config& cfg, const train::Trainer& trainer);
 StepMetrics gather_step_metrics(const StepWork& work, const train::StepResult& result);
 
 // "mb3.layer1.dispatch.forward" -> "dispatch.forward"; "mb7.bucket0.grad_reduce" ->
-// "grad_reduce"; "wait mb3" -> "wait"; a token chunk's "mb0.layer1.mlp.forward.chunk2" ->
+// "grad_reduce"; "wait mb3" -> "wait"; a MoE chunk's "mb0.layer1.mlp.forward.chunk2" ->
 // "mlp.forward"; "optimizer_step" and its pieces ("optimizer_step.update.bucket2") ->
 // "optimizer_step".
 std::string node_kind_of(const std::string& record_name);
@@ -110,11 +110,23 @@ CallDurations median_call_durations(const std::vector<std::vector<runtime::TaskR
 // backward of that node (baseline) and its two halves together (own), split in the proportion
 // the run itself measured. A chunk call where the baseline ran its layer whole (chunks by
 // experts run whole without overlap, W014) gets its share of the whole call's baseline time,
-// in the proportion this run measured across the chunks. The optimizer step's pieces (the
-// shorter of the two runs' sums) are added at the end. Raises
-// epo::Error (kInternal) if a baseline duration is missing.
+// in the proportion this run measured across the chunks.
+//
+// The optimizer step: with `optimizer` (the run's pieces, Trainer::optimizer_ops()) each piece is
+// replayed where it runs (critical_path.h "tail"), at the shorter of its two medians, and
+// "optimizer_step.end" after them on the compute stream: the squares of a bucket right after its
+// reduction, the distributed optimizer's gathers on the comm stream after their bucket's update
+// (under the optimizer step) or at the end (a compute-stream piece); a gather in the next forward
+// is a call of `calls`. Without `optimizer`, the shorter of the two runs' sums of every
+// "optimizer_step*" record is added at the end. Raises epo::Error (kInternal) if a duration is
+// missing (a piece's in both runs).
 double critical_path_bound_s(const std::vector<schedule::NodeCall>& calls,
-                             const CallDurations& baseline, const CallDurations& own);
+                             const CallDurations& baseline, const CallDurations& own,
+                             const std::vector<train::OptimizerOp>& optimizer = {});
+
+// The largest `v` over the world's ranks. Collective; bounded by comm.timeout_s (`timeout_s`)
+// as every wait on the other ranks.
+double max_over_ranks(double v, double timeout_s);
 
 // (T_base - T_overlap) / (T_base - T_bound); none when the bound leaves no room (T_base <=
 // T_bound).

@@ -397,8 +397,7 @@ std::string run_table(const nlohmann::json& m) {
                 ? escape(dispatcher)
                 : escape(dispatcher + " (" + o->at("flex_backend").get<std::string>() + ")"));
         const int chunks = o->at("num_chunks").get<int>();
-        row("overlap chunks",
-            chunks > 1 ? fmt::format("{} by {}", chunks, escape(o->at("chunk_by"))) : "1 (none)");
+        row("overlap chunks", chunks > 1 ? fmt::format("{} by experts", chunks) : "1 (none)");
         row("paired edges", o->at("pair_edges").get<bool>() ? "on" : "off");
         const auto& vpp = o->at("virtual_pipeline_model_parallel_size");
         row("pipeline",

@@ -69,11 +69,23 @@ inline constexpr auto kEnumNames<FlexBackend> = std::to_array<std::string_view>(
                                                                                  "hybridep"});
 
 // How model.moe_ep_overlap_num_chunks splits a MoE layer's dispatch (docs/chunked-overlap.md):
-// by groups of each rank's local experts, or by the micro-batch's tokens.
+// by groups of each rank's local experts. `tokens` (slices of the micro-batch's tokens) is still
+// read, so that a configuration asking for it gets rule MO007's reason and fix instead of an
+// unknown value; nothing runs it.
 enum class ChunkSplit { kExperts, kTokens };
 template <>
 inline constexpr auto kEnumNames<ChunkSplit> = std::to_array<std::string_view>({"experts",
                                                                                 "tokens"});
+// Why chunks by tokens were removed, and what to set instead: rule MO007 and the MoE layer's
+// own check (moe_config_from) give these words.
+inline constexpr std::string_view kTokenChunksRemoved =
+    "chunks by tokens were removed: measured on the bench proxy, they made the compute stream "
+    "1.3-1.5x busier (each chunk's expert products a C-th of the rows, each chunk padding its own "
+    "expert segments), so on one fixed link every token-chunked schedule took longer per step "
+    "than unchunked overlap with delayed wgrad (docs/measurements.md, \"2026-12-02: token "
+    "chunks\"); chunks by experts keep every product whole and are bit-identical to 1 chunk";
+inline constexpr std::string_view kTokenChunksFix =
+    "set model.moe_ep_overlap_chunk_by=experts (the default) or remove the key";
 
 enum class ScoreFunction { kSoftmax, kSigmoid };
 template <>

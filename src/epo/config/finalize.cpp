@@ -138,11 +138,9 @@ void settle_comm_overlap(Config& config, std::vector<Finding>& warnings) {
 // Chunks by experts leave every product and sum as C = 1 computes it; they only let the overlap
 // schedule run one chunk's all-to-all under another's experts. Without overlap nothing runs
 // under anything, and each chunk's all-to-all would wait for the slower rank once more per
-// layer, so the MoE layers run whole (the same bits; docs/chunked-overlap.md). Token chunks
-// change the weight-gradient sums and stay, so the baseline they are compared with has them.
+// layer, so the MoE layers run whole (the same bits; docs/chunked-overlap.md).
 void settle_moe_chunks(ModelConfig& m, std::vector<Finding>& warnings) {
-    if (m.moe_ep_overlap_num_chunks <= 1 || m.overlap_moe_expert_parallel_comm ||
-        m.moe_ep_overlap_chunk_by != ChunkSplit::kExperts)
+    if (m.moe_ep_overlap_num_chunks <= 1 || m.overlap_moe_expert_parallel_comm)
         return;
     warnings.push_back(Finding{
         "W014", "model.moe_ep_overlap_num_chunks", std::to_string(m.moe_ep_overlap_num_chunks),

@@ -97,8 +97,8 @@ struct ModelConfig {
     // Chunks of each MoE layer's dispatch/mlp/combine, so one chunk's all-to-all runs under
     // another's experts (docs/chunked-overlap.md); 1: whole micro-batches. The reference's open
     // proposal names the feature moe_ep_chunk_overlap; this is its count. A chunk is a group of
-    // each rank's local experts (experts: every product and sum as unchunked) or a slice of the
-    // micro-batch's tokens (tokens: the reference's proposal).
+    // each rank's local experts (experts: every product and sum as unchunked). The proposal's
+    // slices of the micro-batch's tokens (tokens) lost in step time and are refused (MO007).
     int moe_ep_overlap_num_chunks = 1;
     ChunkSplit moe_ep_overlap_chunk_by = ChunkSplit::kExperts;
     // The overlap schedule runs the step's first two forwards together and its last two

@@ -24,10 +24,9 @@
 // and layer), so two micro-batches can run through the same layer on two streams. With chunks
 // (s.moe.num_chunks = C > 1) a MoE layer's dispatch, mlp and combine run per chunk
 // (NodeArgs::moe_chunk), and two chunks of one micro-batch may run at once (moe_block.h): the
-// combine of chunk c writes the rows moe::combine_output_rows gives (by tokens its rows
-// [c T / C, (c + 1) T / C), by experts all of them in the last chunk) of the layer output. Dense
-// layers have no dispatch/combine nodes. Residual stream and its gradient are f32; what feeds a
-// GEMM is the compute dtype.
+// combine of chunk c writes the rows moe::combine_output_rows gives (all of them in the last
+// chunk, none before it) of the layer output. Dense layers have no dispatch/combine nodes.
+// Residual stream and its gradient are f32; what feeds a GEMM is the compute dtype.
 //
 // Selective recompute (Megatron-Core's recompute_modules; docs/runtime.md "Recompute"): what a
 // module recomputes is not kept in LayerState::arena (the metered activations) but written to
@@ -129,7 +128,7 @@ struct NodeArgs {
     const moe::TokenDispatcher* dispatcher = nullptr;  // MoE layers: the model's dispatcher
     Arena* scratch = nullptr;      // the running stream's scratch (reset per node)
     float loss_grad_scale = 1.0f;  // 1 / number of micro-batches
-    // The call's token chunk (schedule::NodeCall::moe_chunk): 0..C-1 for a chunked MoE node,
+    // The call's MoE chunk (schedule::NodeCall::moe_chunk): 0..C-1 for a chunked MoE node,
     // -1 for a whole one.
     int moe_chunk = -1;
 };

@@ -26,23 +26,17 @@
 //
 // Chunks (cfg.num_chunks = C, docs/chunked-overlap.md): dispatch, mlp and combine (and their
 // backwards) run once per chunk c, so chunk c+1's all-to-all can run on the comm stream while
-// chunk c's experts compute. pre_dispatch stays whole: the router's losses and counts are the
+// chunk c's experts compute. Chunk c is group c of each rank's local experts (ExpertGroup,
+// token_dispatcher.h). pre_dispatch stays whole: the router's losses and counts are the
 // micro-batch's, and the preprocess plans every chunk's send side there (compute stream, before
-// any chunk communicates). A chunk is one of two things (cfg.chunk_by):
-// - experts (the default): group c of each rank's local experts (ExpertGroup, token_dispatcher.h).
-//   The micro-batch keeps one dispatcher state; chunk c moves and computes only its group's rows,
-//   which sit where unchunked they would. So every expert product has its unchunked rows, and the
-//   sums (the combine's, dx's, each expert's weight gradient) are the unchunked ones: C > 1 gives
-//   the bits of C = 1. The combine's sum runs in the last chunk's combine (the comm stream runs
-//   the chunks' combines in order); the combine backward's first step in the first chunk's.
-// - tokens: the rows [c T / C, (c + 1) T / C) of the micro-batch, each chunk with its own
-//   dispatcher state and expert context. A row's forward values do not depend on the chunks; the
-//   expert weight gradients are the chunks' partial sums added in chunk order, which rounds
-//   differently from one sum over all rows (the tests state the tolerance).
-// C = 1 is the unchunked block, bit for bit.
+// any chunk communicates). The micro-batch keeps one dispatcher state; chunk c moves and
+// computes only its group's rows, which sit where unchunked they would. So every expert product
+// has its unchunked rows, and the sums (the combine's, dx's, each expert's weight gradient) are
+// the unchunked ones: C > 1 gives the bits of C = 1. The combine's sum runs in the last chunk's
+// combine (the comm stream runs the chunks' combines in order); the combine backward's first
+// step in the first chunk's.
 //
-// Letters: T tokens of the micro-batch on this rank, Tc = T / C tokens of a chunk, H hidden,
-// K top-k.
+// Letters: T tokens of the micro-batch on this rank, H hidden, K top-k.
 #pragma once
 
 #include <cstdint>
@@ -64,30 +58,23 @@ struct MoeBlock {
     const TokenDispatcher& dispatcher;
 };
 
-// One chunk of a micro-batch through the dispatcher and the experts.
-struct MoeTokenChunk {
-    std::unique_ptr<DispatchState>
-        dispatch;  // the dispatcher's handle (chunk 0's only, by experts)
-    ExpertsContext experts;
-};
-
-// Rows [begin, end) of the T tokens that chunk c of C covers: [c T / C, (c + 1) T / C).
+// Rows [begin, end) of the micro-batch's T tokens.
 struct TokenRows {
     std::int64_t begin = 0, end = 0;
 };
-TokenRows token_chunk_rows(std::int64_t num_tokens, std::int64_t num_chunks, int chunk);
-// The rows of the block output that chunk `chunk`'s combine writes (its token rows; by experts
-// all T in the last chunk, none before it), and the rows of the output gradient its combine
-// backward reads (its token rows; by experts all T in the first chunk, none after it).
+// The rows of the block output that chunk `chunk`'s combine writes (all T in the last chunk,
+// none before it), and the rows of the output gradient its combine backward reads (all T in the
+// first chunk, none after it).
 TokenRows combine_output_rows(const MoeConfig& cfg, std::int64_t num_tokens, int chunk);
 TokenRows combine_grad_rows(const MoeConfig& cfg, std::int64_t num_tokens, int chunk);
 
 // One micro-batch through one block, from its forward until its last backward.
 struct MoeBlockState {
     RouterOutput router;
-    std::vector<MoeTokenChunk> chunks;  // [C]
-    int combines_done = 0;              // by experts: forward combines run, in chunk order
-    int combine_backwards_done = 0;     // ... and combine backwards
+    std::unique_ptr<DispatchState> dispatch;  // the dispatcher's handle, shared by the chunks
+    std::vector<ExpertsContext> experts;      // [C]: each expert group's context
+    int combines_done = 0;                    // forward combines run, in chunk order
+    int combine_backwards_done = 0;           // ... and combine backwards
     ExpertsContext shared;
     Tensor shared_out;  // (T, H) f32, with a shared expert
     Tensor dy;          // (T, H) compute dtype: the output gradient, kept for the shared expert

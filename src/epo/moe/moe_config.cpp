@@ -55,13 +55,6 @@ void validate_moe_config(const MoeConfig& c) {
         bad(fmt::format("moe_ep_overlap_num_chunks={} must be >= 1 (1: whole micro-batches)",
                         c.num_chunks));
     }
-    if (c.num_chunks > 1 && c.chunk_by == ChunkBy::kTokens && c.capacity_factor) {
-        bad(
-            fmt::format("moe_ep_overlap_num_chunks={} with moe_ep_overlap_chunk_by=tokens needs "
-                        "dropless routing, but moe_expert_capacity_factor={}: set it to null, "
-                        "chunk by experts, or use 1 chunk",
-                        c.num_chunks, *c.capacity_factor));
-    }
     if (c.num_groups != 0 || c.group_topk != 0) {
         if (c.num_groups < 1 || c.num_experts % c.num_groups != 0) {
             bad(fmt::format("moe_router_num_groups={} must divide num_moe_experts={}", c.num_groups,
@@ -186,9 +179,11 @@ MoeConfig moe_config_from(const config::ModelConfig& m) {
     c.shared_expert_size = m.moe_shared_expert_intermediate_size.value_or(0);
     c.gradient_accumulation_fusion = m.gradient_accumulation_fusion;
     c.precision = m.bf16 ? Precision::kBf16 : Precision::kFp32;
+    if (m.moe_ep_overlap_chunk_by == config::ChunkSplit::kTokens) {
+        bad(fmt::format("model.moe_ep_overlap_chunk_by=tokens: {}; {}", config::kTokenChunksRemoved,
+                        config::kTokenChunksFix));
+    }
     c.num_chunks = m.moe_ep_overlap_num_chunks;
-    c.chunk_by = m.moe_ep_overlap_chunk_by == config::ChunkSplit::kTokens ? ChunkBy::kTokens
-                                                                          : ChunkBy::kExperts;
     c.recompute_moe_act = config::recomputes_module(m, config::RecomputeModule::kMoeAct);
     c.recompute_shared_experts =
         config::recomputes_module(m, config::RecomputeModule::kSharedExperts);

@@ -30,8 +30,6 @@ const char* load_balancing_name(LoadBalancing l);  // "none", "aux_loss", "seq_a
 const char* drop_policy_name(DropPolicy p);        // "probs", "position"
 const char* precision_name(Precision p);           // "fp32", "bf16"
 
-enum class ChunkBy { kExperts, kTokens };
-
 struct MoeConfig {
     std::int64_t hidden_size = 0;                            // H   hidden_size
     std::int64_t num_experts = 0;                            // E   num_moe_experts
@@ -56,11 +54,9 @@ struct MoeConfig {
     bool gradient_accumulation_fusion = false;  // gradient_accumulation_fusion
     Precision precision = Precision::kBf16;     // bf16 = true / false
     DispatcherKind dispatcher = DispatcherKind::kAlltoall;  // moe_token_dispatcher_type
-    // C: the block's dispatch/mlp/combine run per chunk (moe_block.h); moe_ep_overlap_num_chunks.
+    // C: the block's dispatch/mlp/combine run per chunk (moe_block.h), chunk c on group c of
+    // L / C of each rank's local experts; moe_ep_overlap_num_chunks.
     std::int64_t num_chunks = 1;
-    // What a chunk is (moe_ep_overlap_chunk_by): a group of L / C of each rank's local experts,
-    // or T / C of the micro-batch's tokens.
-    ChunkBy chunk_by = ChunkBy::kExperts;
     // Selective recompute (recompute_modules): moe_act, the experts' activation, recomputed from
     // their fc1 output for the fc2 weight gradient; shared_experts, the shared expert's fc1
     // output and activation, recomputed from its input in the backward (experts.h).
@@ -91,8 +87,8 @@ bool has_aux_loss(const MoeConfig& cfg);  // load balancing aux_loss or seq_aux_
 
 // The MoE layer of a model configuration (Megatron field names, see epo/config/model_config.h):
 // precision bf16 when model.bf16, else fp32. Raises kConfig for a dense model and for settings
-// this runtime does not execute (fp16, global_aux_loss, sinkhorn, an fp64 router), naming the
-// field; the result is validated.
+// this runtime does not execute (fp16, global_aux_loss, sinkhorn, an fp64 router, chunks by
+// tokens), naming the field; the result is validated.
 MoeConfig moe_config_from(const config::ModelConfig& model);
 
 }  // namespace epo::moe

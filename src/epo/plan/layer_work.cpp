@@ -72,9 +72,9 @@ void mlp_work(const PlanModel& m, const NodeCall& call, bool moe, double part, F
                  : 1.0);
         const double F = static_cast<double>(s.moe.ffn_hidden_size) / m.etp_size;
         const double local = static_cast<double>(s.num_local_experts());
-        const bool by_experts = s.moe.chunk_by == moe::ChunkBy::kExperts;
-        const double experts = by_experts ? local * part : local;
-        const double rows = (by_experts ? R / local : R / local * part) * m.etp_size;
+        // A chunk runs `part` of the local experts on their whole rows.
+        const double experts = local * part;
+        const double rows = R / local * m.etp_size;
         w.weight_gemms.push_back({rows, 2 * F, H, experts});
         w.weight_gemms.push_back({rows, H, F, experts});
         // activation, sorts

@@ -4,12 +4,14 @@
 #include <map>
 #include <utility>
 
+#include "epo/core/error.h"
+
 namespace epo::schedule {
 
 std::vector<CallSpan> critical_path_spans(
     const std::vector<NodeCall>& calls, const std::function<double(const NodeCall&)>& duration_s) {
     double stream_free[2] = {0.0, 0.0};
-    // Done time per (micro-batch, token chunk) (the executor's events); a whole call waits for
+    // Done time per (micro-batch, MoE chunk) (the executor's events); a whole call waits for
     // every chunk of its micro-batch and every chunk then waits for it.
     const int num_chunks = num_moe_chunks(calls);
     std::map<std::pair<int, int>, double> micro_batch_done;
@@ -54,9 +56,49 @@ std::vector<CallSpan> critical_path_spans(
 
 double critical_path_seconds(const std::vector<NodeCall>& calls,
                              const std::function<double(const NodeCall&)>& duration_s) {
-    double last = 0.0;
-    for (const CallSpan& span : critical_path_spans(calls, duration_s))
-        last = std::max(last, span.end);
+    return critical_path_seconds(calls, duration_s, {});
+}
+
+double critical_path_seconds(const std::vector<NodeCall>& calls,
+                             const std::function<double(const NodeCall&)>& duration_s,
+                             const std::vector<TailCall>& tail) {
+    const std::vector<CallSpan> spans = critical_path_spans(calls, duration_s);
+    // Where the schedule leaves each stream, and when each bucket's reduction ends.
+    double stream_free[2] = {0.0, 0.0};
+    std::map<int, double> reduced;
+    for (size_t i = 0; i < calls.size(); ++i) {
+        double& free = stream_free[stream_of(calls[i].node) == StreamId::kCompute ? 0 : 1];
+        free = std::max(free, spans[i].end);
+        if (calls[i].node == NodeKind::kGradReduce)
+            reduced[calls[i].layer] = spans[i].end;
+    }
+    const double schedule_comm_done = stream_free[1];
+    double last = std::max(stream_free[0], stream_free[1]);
+    std::vector<double> tail_end;
+    tail_end.reserve(tail.size());
+    for (const TailCall& t : tail) {
+        double& free = stream_free[t.stream == StreamId::kCompute ? 0 : 1];
+        double start = free;
+        if (t.waits_for_reduction >= 0) {
+            const auto it = reduced.find(t.waits_for_reduction);
+            EPO_CHECK(it != reduced.end(),
+                      "an optimizer piece waits for bucket {}'s reduction, which the schedule "
+                      "does not hold",
+                      t.waits_for_reduction);
+            start = std::max(start, it->second);
+        }
+        if (t.waits_for_schedule)
+            start = std::max(start, schedule_comm_done);
+        if (t.waits_for >= 0) {
+            EPO_CHECK(static_cast<size_t>(t.waits_for) < tail_end.size(),
+                      "optimizer piece {} waits for piece {}, which is not before it",
+                      tail_end.size(), t.waits_for);
+            start = std::max(start, tail_end[static_cast<size_t>(t.waits_for)]);
+        }
+        free = start + t.duration_s;
+        tail_end.push_back(free);
+        last = std::max(last, free);
+    }
     return last;
 }
 

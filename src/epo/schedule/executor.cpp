@@ -9,7 +9,7 @@ namespace epo::schedule {
 
 IssuedEvents issue_schedule(const std::vector<NodeCall>& calls, int num_micro_batches,
                             runtime::RankStreams& streams, NodeBody body) {
-    // One event per (micro-batch, token chunk): events[mb * C + c]. With C = 1 one per
+    // One event per (micro-batch, MoE chunk): events[mb * C + c]. With C = 1 one per
     // micro-batch, named as before.
     const int num_chunks = num_moe_chunks(calls);
     std::vector<runtime::Event> events;

@@ -96,9 +96,9 @@
 // with the same sums in the same order) and its weight gradient: the bits of the run without it.
 //
 // MoE chunks (num_moe_chunks = C > 1, docs/chunked-overlap.md): a MoE layer's dispatch, mlp
-// and combine run once per chunk of the micro-batch (a group of the local experts, or of the
-// tokens; the schedule does not care which) (NodeCall::moe_chunk = c); the
-// other nodes stay whole (moe_chunk = -1). Each (micro-batch, chunk) is its own dependency
+// and combine run once per chunk of the micro-batch (a group of the local experts; the schedule
+// does not care what a chunk holds) (NodeCall::moe_chunk = c); the other nodes stay whole
+// (moe_chunk = -1). Each (micro-batch, chunk) is its own dependency
 // chain; a whole call joins them (it waits for every chunk and every chunk waits for it). Where a
 // micro-batch runs alone (the baseline's reference order aside), a layer's chunks are a pipeline:
 //   forward   d0 d1 ... d(C-1) | m0 c0 | m1 c1 | ... | m(C-1) c(C-1)   (d dispatch, m mlp,
@@ -106,7 +106,8 @@
 // so every chunk's incoming communication is issued before chunk 0's compute and runs under the
 // compute of the chunks before it, and chunk c's outgoing one under the compute after it (an
 // outgoing call between two incoming ones would hold the second until a compute ends). The
-// baseline runs chunk by chunk (d0 m0 c0 d1 m1 c1 ...: nothing overlaps, the reference order);
+// baseline runs chunk by chunk (d0 m0 c0 d1 m1 c1 ...: nothing overlaps, the reference order;
+// finalization runs a baseline's MoE layers whole, W014, so only the tests list this one);
 // the combined step keeps the ten-step pair order with each chunked step expanded into its C
 // chunks in order. Every chunk order is ascending, so the weight gradients of a parameter
 // accumulate in the same order in both schedules (bit-identical). C = 1 gives exactly the lists
@@ -195,7 +196,7 @@ inline bool is_pipeline_transfer(NodeKind node) {
 const char* node_name(NodeKind node);  // "pre_dispatch", ...
 const char* phase_name(Phase phase);   // "forward", "backward", "backward_dw", "recompute"
 // "mb3.layer1.mlp.backward" style names for traces and logs ("mb3.layer1.mlp.backward.chunk1"
-// for a token chunk); "mb7.bucket0.grad_reduce" for a gradient bucket's reduction,
+// for a MoE chunk); "mb7.bucket0.grad_reduce" for a gradient bucket's reduction,
 // "mb0.bucket3.param_gather" for a parameter bucket's gather. A call of a pipeline schedule
 // carries its stage and model chunk in front: "stage1.chunk0.mb3.layer5.mlp.forward".
 std::string call_name(const NodeCall& call);
