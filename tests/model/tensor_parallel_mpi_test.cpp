@@ -18,6 +18,7 @@
 #include "epo/model/attention.h"
 #include "epo/model/embedding.h"
 #include "epo/model/tensor_parallel.h"
+#include "epo/model/transformer_layer.h"
 #include "epo/moe/experts.h"
 #include "epo/tensor/random.h"
 
@@ -410,6 +411,119 @@ TEST_P(TensorParallel, SwigluMlpOnFfnShardsMatchesOneRank) {
     Tensor want_d2 = Tensor::empty(mine.fc2.main_grad.shape(), DType::kF32);
     tp_copy_column_shard(full.fc2.main_grad, n, r, want_d2);
     expect_near(mine.fc2.main_grad, want_d2, 1e-5, "dW2");
+}
+
+// A whole dense transformer layer (transformer_layer.h's nodes with LayerShape::tp_size = n):
+// norms and residual on the rank's rows, attention and the MLP on all tokens between the gather
+// and the reduce of the stream's tp communicator, against the same layer at TP 1 on the whole
+// weights: the output, the input gradient and every weight gradient. The norm weights see the
+// rank's tokens under SP (their gradients summed over the TP group match TP 1's) and all tokens
+// without it (equal as they are); the q/k norms see the rank's heads (summed either way).
+TEST_P(TensorParallel, DenseTransformerLayerMatchesOneRank) {
+    const bool sp = GetParam();
+    auto groups = make_tp_groups();
+    comm::Communicator& tp = groups->tp;
+    const int n = tp.size(), r = tp.rank();
+    const int64_t H = 16, A = 8, G = 4, d = 4, S = 6, B = 2, T = B * S, F = 12;
+    LayerShape full{.hidden = H,
+                    .tokens = T,
+                    .num_sequences = B,
+                    .attn = {.hidden = H,
+                             .num_heads = A,
+                             .num_groups = G,
+                             .head_dim = d,
+                             .seq_length = S,
+                             .qk_layernorm = true,
+                             .norm_eps = 1e-6f},
+                    .norm_eps = 1e-6f,
+                    .is_moe = false,
+                    .ffn_hidden = F,
+                    .compute_dtype = DType::kF32};
+    LayerShape mine = full;
+    mine.attn.num_heads = A / n;
+    mine.attn.num_groups = G / n;
+    mine.ffn_hidden = F / n;
+    mine.tp_size = n;
+    mine.sequence_parallel = sp;
+    const TpRange seq = sp ? tp_range(T, n, r, "tokens") : TpRange{0, T};
+    mine.tokens = seq.size();
+    const RopeTable rope = make_rope_table(S, d, 10000.0);
+
+    LayerParams pf = make_layer_params(full, "l.");
+    fill_param(pf.input_norm, 41, 1.0f, 0.1f);
+    fill_param(pf.attn.qkv, 42);
+    fill_param(pf.attn.proj, 43);
+    fill_param(pf.attn.q_norm, 44, 1.0f, 0.1f);
+    fill_param(pf.attn.k_norm, 45, 1.0f, 0.1f);
+    fill_param(pf.pre_mlp_norm, 46, 1.0f, 0.1f);
+    fill_param(pf.dense.fc1, 47);
+    fill_param(pf.dense.fc2, 48);
+    LayerParams pm = make_layer_params(mine, "l.");
+    for (auto [m, f] : {std::pair{&pm.input_norm, &pf.input_norm},
+                        std::pair{&pm.attn.q_norm, &pf.attn.q_norm},
+                        std::pair{&pm.attn.k_norm, &pf.attn.k_norm},
+                        std::pair{&pm.pre_mlp_norm, &pf.pre_mlp_norm}})
+        m->master.copy_from(f->master);
+    tp_copy_row_shard(pf.attn.qkv.master, std::vector<int64_t>{A * d, G * d, G * d}, n, r,
+                      pm.attn.qkv.master);
+    tp_copy_column_shard(pf.attn.proj.master, n, r, pm.attn.proj.master);
+    tp_copy_row_shard(pf.dense.fc1.master, std::vector<int64_t>{F, F}, n, r, pm.dense.fc1.master);
+    tp_copy_column_shard(pf.dense.fc2.master, n, r, pm.dense.fc2.master);
+    for (Param* p : {&pm.input_norm, &pm.attn.qkv, &pm.attn.proj, &pm.attn.q_norm,
+                     &pm.attn.k_norm, &pm.pre_mlp_norm, &pm.dense.fc1, &pm.dense.fc2})
+        refresh_compute(*p);
+
+    const Tensor x = filled({T, H}, 49), d_out = filled({T, H}, 50);
+    // Runs the layer's nodes forward then backward (weight gradients in the nodes).
+    auto run = [&](const LayerShape& s, LayerParams& p, const Tensor& x_in, const Tensor& dy,
+                   moe::DispatchComms& comms, Tensor& out, Tensor& dx) {
+        Arena scratch{"scratch"};
+        LayerState st;
+        LayerStepStats stats;
+        const NodeArgs args{.comms = &comms, .scratch = &scratch};
+        st.x = st.arena.alloc({s.tokens, H}, DType::kF32);
+        st.x.copy_from(x_in);
+        out = Tensor::empty({s.tokens, H}, DType::kF32);
+        dx = Tensor::empty({s.tokens, H}, DType::kF32);
+        pre_dispatch_forward(s, p, rope, st, stats, args);
+        mlp_forward(s, p, st, out, args);
+        mlp_backward(s, p, st, dy, true, args);
+        pre_dispatch_backward(s, p, rope, st, dy, dx, true, args);
+    };
+    moe::DispatchComms one(tp);
+    Tensor want_out, want_dx, out, dx;
+    run(full, pf, x, d_out, one, want_out, want_dx);
+    moe::DispatchComms comms(tp);
+    comms.tp = &tp;
+    run(mine, pm, x.rows(seq.begin, seq.end).clone(), d_out.rows(seq.begin, seq.end).clone(), comms,
+        out, dx);
+    expect_near(out, want_out.rows(seq.begin, seq.end).clone(), 1e-5, "out");
+    expect_near(dx, want_dx.rows(seq.begin, seq.end).clone(), 1e-5, "dx");
+
+    auto want_rows = [&](const Param& f, std::vector<int64_t> blocks, const Param& m) {
+        Tensor w = Tensor::empty(m.main_grad.shape(), DType::kF32);
+        tp_copy_row_shard(f.main_grad, blocks, n, r, w);
+        return w;
+    };
+    auto want_cols = [&](const Param& f, const Param& m) {
+        Tensor w = Tensor::empty(m.main_grad.shape(), DType::kF32);
+        tp_copy_column_shard(f.main_grad, n, r, w);
+        return w;
+    };
+    expect_near(pm.attn.qkv.main_grad, want_rows(pf.attn.qkv, {A * d, G * d, G * d}, pm.attn.qkv),
+                1e-5, "dWqkv");
+    expect_near(pm.attn.proj.main_grad, want_cols(pf.attn.proj, pm.attn.proj), 1e-5, "dWproj");
+    expect_near(pm.dense.fc1.main_grad, want_rows(pf.dense.fc1, {F, F}, pm.dense.fc1), 1e-5,
+                "dW1");
+    expect_near(pm.dense.fc2.main_grad, want_cols(pf.dense.fc2, pm.dense.fc2), 1e-5, "dW2");
+    for (auto [m, f, summed] : {std::tuple{&pm.input_norm, &pf.input_norm, sp},
+                                std::tuple{&pm.pre_mlp_norm, &pf.pre_mlp_norm, sp},
+                                std::tuple{&pm.attn.q_norm, &pf.attn.q_norm, true},
+                                std::tuple{&pm.attn.k_norm, &pf.attn.k_norm, true}}) {
+        if (summed)
+            tp.all_reduce_sum(std::span<float>(m->main_grad.data<float>(), m->main_grad.numel()));
+        expect_near(m->main_grad, f->main_grad, 1e-5, m->name.c_str());
+    }
 }
 
 TEST(TensorParallelRange, RefusesAnUnevenSplitNamingTheField) {
