@@ -459,18 +459,18 @@ TEST_P(TensorParallel, DenseTransformerLayerMatchesOneRank) {
     fill_param(pf.dense.fc1, 47);
     fill_param(pf.dense.fc2, 48);
     LayerParams pm = make_layer_params(mine, "l.");
-    for (auto [m, f] : {std::pair{&pm.input_norm, &pf.input_norm},
-                        std::pair{&pm.attn.q_norm, &pf.attn.q_norm},
-                        std::pair{&pm.attn.k_norm, &pf.attn.k_norm},
-                        std::pair{&pm.pre_mlp_norm, &pf.pre_mlp_norm}})
+    for (auto [m, f] :
+         {std::pair{&pm.input_norm, &pf.input_norm}, std::pair{&pm.attn.q_norm, &pf.attn.q_norm},
+          std::pair{&pm.attn.k_norm, &pf.attn.k_norm},
+          std::pair{&pm.pre_mlp_norm, &pf.pre_mlp_norm}})
         m->master.copy_from(f->master);
     tp_copy_row_shard(pf.attn.qkv.master, std::vector<int64_t>{A * d, G * d, G * d}, n, r,
                       pm.attn.qkv.master);
     tp_copy_column_shard(pf.attn.proj.master, n, r, pm.attn.proj.master);
     tp_copy_row_shard(pf.dense.fc1.master, std::vector<int64_t>{F, F}, n, r, pm.dense.fc1.master);
     tp_copy_column_shard(pf.dense.fc2.master, n, r, pm.dense.fc2.master);
-    for (Param* p : {&pm.input_norm, &pm.attn.qkv, &pm.attn.proj, &pm.attn.q_norm,
-                     &pm.attn.k_norm, &pm.pre_mlp_norm, &pm.dense.fc1, &pm.dense.fc2})
+    for (Param* p : {&pm.input_norm, &pm.attn.qkv, &pm.attn.proj, &pm.attn.q_norm, &pm.attn.k_norm,
+                     &pm.pre_mlp_norm, &pm.dense.fc1, &pm.dense.fc2})
         refresh_compute(*p);
 
     const Tensor x = filled({T, H}, 49), d_out = filled({T, H}, 50);
@@ -513,8 +513,7 @@ TEST_P(TensorParallel, DenseTransformerLayerMatchesOneRank) {
     expect_near(pm.attn.qkv.main_grad, want_rows(pf.attn.qkv, {A * d, G * d, G * d}, pm.attn.qkv),
                 1e-5, "dWqkv");
     expect_near(pm.attn.proj.main_grad, want_cols(pf.attn.proj, pm.attn.proj), 1e-5, "dWproj");
-    expect_near(pm.dense.fc1.main_grad, want_rows(pf.dense.fc1, {F, F}, pm.dense.fc1), 1e-5,
-                "dW1");
+    expect_near(pm.dense.fc1.main_grad, want_rows(pf.dense.fc1, {F, F}, pm.dense.fc1), 1e-5, "dW1");
     expect_near(pm.dense.fc2.main_grad, want_cols(pf.dense.fc2, pm.dense.fc2), 1e-5, "dW2");
     for (auto [m, f, summed] : {std::tuple{&pm.input_norm, &pf.input_norm, sp},
                                 std::tuple{&pm.pre_mlp_norm, &pf.pre_mlp_norm, sp},
