@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -619,12 +620,26 @@ TEST_P(TensorParallel, GptModelMatchesOneRank) {
         const double w = one.results()[static_cast<size_t>(mb)].lm_loss;
         EXPECT_NEAR(many.results()[static_cast<size_t>(mb)].lm_loss, w, 1e-6 * std::abs(w));
     }
+    // The model's list of TP-summed parameters is exactly the dense replicated ones under SP,
+    // and the q/k norms alone without it.
+    const std::vector<Param*>& summed = many.tp_summed_params();
+    const auto is_summed = [&](const Param* p) {
+        return std::find(summed.begin(), summed.end(), p) != summed.end();
+    };
+    size_t want_summed = 0;
+    for (Param* p : many.dense_params()) {
+        const bool heads = p->name.find("q_layernorm") != std::string::npos ||
+                           p->name.find("k_layernorm") != std::string::npos;
+        const bool expect = n > 1 && (heads || (cut(p->name).first == 0 && sp));
+        EXPECT_EQ(is_summed(p), expect) << p->name;
+        want_summed += expect;
+    }
+    EXPECT_EQ(summed.size(), want_summed);
     for (size_t i = 0; i < want.size(); ++i) {
         Param& p = *got[i];
-        const bool heads = p.name.find("q_layernorm") != std::string::npos ||
-                           p.name.find("k_layernorm") != std::string::npos;
-        const bool replicated = cut(p.name).first == 0;
-        if (heads || (replicated && sp))
+        // The experts' gradients: summed by the EDP group (here the TP group) under SP.
+        const bool expert = p.name.find(".mlp.experts.") != std::string::npos;
+        if (is_summed(&p) || (expert && sp))
             tp.all_reduce_sum(std::span<float>(p.main_grad.data<float>(), p.main_grad.numel()));
         expect_near(p.main_grad, slice(want[i]->main_grad, p), 1e-5, p.name.c_str());
     }

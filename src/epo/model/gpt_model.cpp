@@ -175,6 +175,31 @@ GptModel::GptModel(const GptShape& shape)
         dense_params_.insert(dense_params_.end(), p.dense.begin(), p.dense.end());
         expert_params_.insert(expert_params_.end(), p.expert.begin(), p.expert.end());
     }
+    if (tp > 1) {
+        const bool sp = shape.sequence_parallel;
+        for (int64_t l = 0; l < shape.num_layers; ++l) {
+            if (!shape.holds(l))
+                continue;
+            LayerParams& p = layers_[static_cast<size_t>(l)];
+            if (shape.attn.qk_layernorm) {
+                tp_summed_params_.push_back(&p.attn.q_norm);
+                tp_summed_params_.push_back(&p.attn.k_norm);
+            }
+            if (!sp)
+                continue;
+            tp_summed_params_.push_back(&p.input_norm);
+            tp_summed_params_.push_back(&p.pre_mlp_norm);
+            if (layer_shapes_[static_cast<size_t>(l)].is_moe) {
+                tp_summed_params_.push_back(&p.moe.router.weight);
+                if (shape.moe.shared_expert_size > 0) {
+                    tp_summed_params_.push_back(&p.moe.shared.fc1);
+                    tp_summed_params_.push_back(&p.moe.shared.fc2);
+                }
+            }
+        }
+        if (sp && shape.holds(shape.num_layers))
+            tp_summed_params_.push_back(&final_norm_);
+    }
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
     if (any_moe) {
         dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank,

@@ -216,6 +216,13 @@ public:
     const std::vector<Param*>& dense_params() const { return dense_params_; }
     const std::vector<Param*>& expert_params() const { return expert_params_; }
     std::vector<Param*> all_params() const;
+    // Tensor parallelism: the dense parameters that every TP rank holds whole but whose
+    // gradients cover only the rank's part of the work, so the TP group must sum them before the
+    // data-parallel reduction (Megatron-Core's finalize_model_grads): the q/k norms (the rank's
+    // heads) always; with sequence parallelism also the norms, the router and the shared expert
+    // (the rank's rows). Empty at TP 1. (The experts see the rank's rows too; their gradients
+    // are summed by the expert-data-parallel group, which contains the TP group at ETP 1.)
+    const std::vector<Param*>& tp_summed_params() const { return tp_summed_params_; }
     // The parameters at one model position (schedule.h: -1 the embedding, 0..L-1 the layers, L
     // the final norm and output layer), whose gradients are final once the last micro-batch's
     // backward has passed that position. With tied embeddings the output layer's weight is the
@@ -313,7 +320,7 @@ private:
     Param final_norm_;
     Param output_;
     MtpParams mtp_;  // with mtp_num_layers = 1
-    std::vector<Param*> dense_params_, expert_params_;
+    std::vector<Param*> dense_params_, expert_params_, tp_summed_params_;
     std::unique_ptr<moe::TokenDispatcher> dispatcher_;  // with MoE layers
 
     std::vector<MicroBatch> micro_batches_;  // one per micro-batch of the step (grown, kept)
