@@ -71,7 +71,7 @@ TEST(Groups, MatchTheTopologyForEveryEpSize) {
             auto groups = make_groups(ep, gpn);
             for (GroupKind kind :
                  {GroupKind::kWorld, GroupKind::kExpertParallel, GroupKind::kDataParallel,
-                  GroupKind::kExpertDataParallel, GroupKind::kNode}) {
+                  GroupKind::kExpertDataParallel, GroupKind::kNode, GroupKind::kTensorParallel}) {
                 Communicator& c = groups->group(kind);
                 const auto expected = group_members(groups->layout, kind, world_rank());
                 ASSERT_EQ(c.members().world_ranks, expected) << c.name();
@@ -120,6 +120,38 @@ TEST(Groups, EmbeddingGroupJoinsTheFirstAndTheLastStage) {
         EXPECT_EQ(v[0], 0.1f * static_cast<float>(expected[0] + 1) +
                             0.1f * static_cast<float>(expected[1] + 1));
         EXPECT_EQ(v[2], 6.0f);
+    }
+}
+
+// With TP (and PP) the stream's tp, dp, ep, edp and pp communicators hold the ranks topology.h
+// lists, as MPI itself reports them.
+TEST(Groups, MatchTheTopologyWithTensorAndPipelineParallelism) {
+    const int n = world_size();
+    for (int tp = 1; tp <= n; ++tp) {
+        for (int pp = 1; pp <= n; ++pp) {
+            if (n % (tp * pp) != 0 || tp * pp == 1)
+                continue;
+            for (int ep = 1; ep <= n / pp; ++ep) {
+                if (n % (ep * pp) != 0)
+                    continue;
+                ParallelLayout layout{n, ep, 2, pp};
+                layout.tensor_model_parallel_size = tp;
+                static auto watchdog = std::make_shared<Watchdog>();
+                auto groups =
+                    ProcessGroups::create(layout, CommOptions{.timeout_s = 120}, "test", watchdog);
+                for (GroupKind kind : {GroupKind::kTensorParallel, GroupKind::kDataParallel,
+                                       GroupKind::kExpertParallel, GroupKind::kExpertDataParallel,
+                                       GroupKind::kPipeline}) {
+                    Communicator& c = groups->group(kind);
+                    const auto expected = group_members(layout, kind, world_rank());
+                    ASSERT_EQ(c.members().world_ranks, expected) << c.name();
+                    std::vector<int> gathered(c.size());
+                    const int me = world_rank();
+                    c.all_gather(std::span<const int>(&me, 1), std::span<int>(gathered));
+                    EXPECT_EQ(gathered, expected) << c.name();
+                }
+            }
+        }
     }
 }
 

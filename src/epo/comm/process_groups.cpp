@@ -18,7 +18,8 @@ struct Placement {
     int stage_size = 1;
     int local_rank() const { return world_rank - stage * stage_size; }
     bool per_stage(GroupKind kind) const {
-        return kind != GroupKind::kWorld && kind != GroupKind::kNode;
+        return kind != GroupKind::kWorld && kind != GroupKind::kNode &&
+               kind != GroupKind::kPipeline;
     }
 };
 
@@ -168,8 +169,8 @@ std::unique_ptr<ProcessGroups> ProcessGroups::create(const ParallelLayout& layou
                 layout, make(GroupKind::kWorld), make(GroupKind::kExpertParallel),
                 make(GroupKind::kDataParallel), make(GroupKind::kExpertDataParallel),
                 make(GroupKind::kNode), make_ep(false), make_ep(true),
-                make_pipeline_group(at, options, owner, watchdog, parent), std::nullopt,
-                std::nullopt});
+                make_pipeline_group(at, options, owner, watchdog, parent),
+                make(GroupKind::kTensorParallel), std::nullopt, std::nullopt});
             // Links k = 0 .. P-1, each a split every rank takes part in (MPI_UNDEFINED outside
             // it): stage k is group rank 0, stage k+1 mod P group rank 1.
             const int P = layout.pipeline_model_parallel_size;
@@ -221,13 +222,21 @@ Communicator& ProcessGroups::group(GroupKind kind) {
             return edp;
         case GroupKind::kNode:
             return node;
+        case GroupKind::kTensorParallel:
+            return tp;
+        case GroupKind::kPipeline:
+            return pp;
+        case GroupKind::kExpertTensorParallel:
+            break;
     }
+    EPO_CHECK(false, "stream {} has no {} communicator (expert tensor parallelism is not run)",
+              world.name(), group_name(kind));
     return world;
 }
 
 ByteCounts ProcessGroups::total_bytes() const {
     ByteCounts total;
-    for (const Communicator* c : {&world, &ep, &dp, &edp, &node, &ep_node, &ep_peer, &pp})
+    for (const Communicator* c : {&world, &ep, &dp, &edp, &node, &ep_node, &ep_peer, &pp, &tp})
         total += c->stats().bytes;
     for (const std::optional<Communicator>* link : {&pp_next, &pp_prev, &embedding}) {
         if (link->has_value())

@@ -1,5 +1,6 @@
-// The communicators of one stream: world, expert-parallel (ep), data-parallel (dp),
-// expert-data-parallel (edp) and node groups of this rank, each its own MPI communicator, and the
+// The communicators of one stream: world, tensor-parallel (tp), expert-parallel (ep),
+// data-parallel (dp), expert-data-parallel (edp) and node groups of this rank (topology.h lays
+// them out as Megatron-Core does), each its own MPI communicator, and the
 // two halves of the EP group the flex dispatcher (flex_dispatcher.h) moves tokens over: ep_node,
 // the EP group's ranks on this rank's node, and ep_peer, the EP group's ranks that have this
 // rank's index inside their ep_node (one per node: the cross-node hop of a token goes to the rank
@@ -11,8 +12,8 @@
 // sees exactly its stream's schedule order, which is the same on every rank.
 //
 // Pipeline parallelism (layout.pipeline_model_parallel_size = P > 1): the world is P stages of
-// world_size / P consecutive ranks (the reference's order, pipeline outermost), and ep, dp, edp,
-// ep_node and ep_peer are those of the rank's own stage, laid out inside it as a world of one
+// world_size / P consecutive ranks (the reference's order, pipeline outermost), and tp, ep, dp,
+// edp, ep_node and ep_peer are those of the rank's own stage, laid out inside it as a world of one
 // stage would be. pp is the pipeline group (the rank of each stage with this rank's place in its
 // stage, in stage order); pp_next and pp_prev are two-rank links, link k joining stage k (group
 // rank 0) to stage k+1 mod P (group rank 1): pp_next is the link of this rank's stage, pp_prev the
@@ -47,6 +48,7 @@ struct ProcessGroups {
     Communicator ep_node;  // EP group ∩ this rank's node, in EP-rank order
     Communicator ep_peer;  // EP ranks of this rank's local index in their node, in EP-rank order
     Communicator pp;       // one rank per stage, in stage order (size 1 without PP)
+    Communicator tp;       // TP consecutive ranks (size 1 without TP)
     std::optional<Communicator> pp_next, pp_prev;  // P > 1 only
     std::optional<Communicator> embedding;         // P > 1, stages 0 and P-1 only
 

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "epo/model/rmsnorm.h"
+#include "epo/model/tensor_parallel.h"
 #include "epo/tensor/random.h"
 
 namespace epo::model {
@@ -103,9 +104,19 @@ GptModel::GptModel(const GptShape& shape)
               "{} MTP layer(s) in {} layers with PP {} (one MTP layer after at least one decoder "
               "layer, on the last stage: RT006, LY005)",
               shape.mtp_num_layers, shape.num_layers, shape.pipeline_size);
+    // Tensor parallelism: what runs sharded (tensor_parallel.h); the runtime refuses the rest
+    // with RT ids before a model is built.
+    const int tp = shape.tp_size;
+    EPO_CHECK(tp >= 1 && shape.tp_rank >= 0 && shape.tp_rank < tp, "TP rank {} of {}",
+              shape.tp_rank, tp);
+    EPO_CHECK(tp == 1 || (!shape.multi_latent_attention && shape.mtp_num_layers == 0 &&
+                          !shape.tie_embeddings && !shape.recompute.layernorm),
+              "tensor parallelism with MLA, MTP, tied embeddings or the layernorm recompute");
+    const int64_t vocab_rows = tp_range(shape.vocab, tp, shape.tp_rank, "model.vocab_size").size();
+    if (shape.sequence_parallel)
+        tp_range(shape.tokens(), tp, shape.tp_rank, "micro_batch_size x seq_length");
     if (shape.holds(-1) || shape.holds_embedding_copy())
-        embedding_ =
-            make_param("embedding.word_embeddings.weight", {shape.vocab, shape.hidden}, cd);
+        embedding_ = make_param("embedding.word_embeddings.weight", {vocab_rows, shape.hidden}, cd);
     for (int64_t l = 0; l < shape.num_layers; ++l) {
         LayerShape s{.hidden = shape.hidden,
                      .tokens = shape.tokens(),
@@ -121,6 +132,21 @@ GptModel::GptModel(const GptShape& shape)
                      .gradient_accumulation_fusion = shape.gradient_accumulation_fusion,
                      .compute_dtype = cd,
                      .recompute = shape.recompute};
+        if (tp > 1) {
+            s.tokens = shape.local_tokens();
+            // The MoE block's sequences: the rank's shard is one piece of them under SP.
+            s.num_sequences = shape.sequence_parallel ? 1 : shape.micro_batch_size;
+            s.attn.num_heads =
+                tp_range(shape.attn.num_heads, tp, shape.tp_rank, "model.num_attention_heads")
+                    .size();
+            s.attn.num_groups =
+                tp_range(shape.attn.num_groups, tp, shape.tp_rank, "model.num_query_groups").size();
+            if (!s.is_moe)
+                s.ffn_hidden =
+                    tp_range(shape.ffn_hidden, tp, shape.tp_rank, "model.ffn_hidden_size").size();
+            s.tp_size = tp;
+            s.sequence_parallel = shape.sequence_parallel;
+        }
         layer_shapes_.push_back(s);
     }
     layers_.reserve(static_cast<size_t>(shape.num_layers));
@@ -138,7 +164,7 @@ GptModel::GptModel(const GptShape& shape)
     if (shape.holds(shape.num_layers)) {
         final_norm_ = make_param("decoder.final_layernorm.weight", {shape.hidden}, DType::kF32);
         if (!shape.tie_embeddings)
-            output_ = make_param("output_layer.weight", {shape.vocab, shape.hidden}, cd);
+            output_ = make_param("output_layer.weight", {vocab_rows, shape.hidden}, cd);
     }
     if (shape.mtp_num_layers > 0)
         mtp_ = make_mtp_params(shape.hidden, cd);
@@ -147,6 +173,31 @@ GptModel::GptModel(const GptShape& shape)
         const PositionParams p = params_at(position);
         dense_params_.insert(dense_params_.end(), p.dense.begin(), p.dense.end());
         expert_params_.insert(expert_params_.end(), p.expert.begin(), p.expert.end());
+    }
+    if (tp > 1) {
+        const bool sp = shape.sequence_parallel;
+        for (int64_t l = 0; l < shape.num_layers; ++l) {
+            if (!shape.holds(l))
+                continue;
+            LayerParams& p = layers_[static_cast<size_t>(l)];
+            if (shape.attn.qk_layernorm) {
+                tp_summed_params_.push_back(&p.attn.q_norm);
+                tp_summed_params_.push_back(&p.attn.k_norm);
+            }
+            if (!sp)
+                continue;
+            tp_summed_params_.push_back(&p.input_norm);
+            tp_summed_params_.push_back(&p.pre_mlp_norm);
+            if (layer_shapes_[static_cast<size_t>(l)].is_moe) {
+                tp_summed_params_.push_back(&p.moe.router.weight);
+                if (shape.moe.shared_expert_size > 0) {
+                    tp_summed_params_.push_back(&p.moe.shared.fc1);
+                    tp_summed_params_.push_back(&p.moe.shared.fc2);
+                }
+            }
+        }
+        if (sp && shape.holds(shape.num_layers))
+            tp_summed_params_.push_back(&final_norm_);
     }
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
     if (any_moe) {
@@ -199,13 +250,30 @@ GptModel::PositionParams GptModel::params_at(int position) {
     return out;
 }
 
+void GptModel::init_normal_shard(Param& p, uint64_t seed, float std, const Shape& full,
+                                 std::vector<int64_t> blocks) const {
+    Tensor whole = Tensor::empty(full, DType::kF32);
+    fill_normal(whole, random_bits(seed, name_hash(p.name)), 0.0f, std);
+    if (blocks.empty())
+        tp_copy_column_shard(whole, shape_.tp_size, shape_.tp_rank, p.master);
+    else
+        tp_copy_row_shard(whole, blocks, shape_.tp_size, shape_.tp_rank, p.master);
+    refresh_compute(p);
+}
+
 void GptModel::init_weights(uint64_t seed) {
     const float std = shape_.init_std;
     // Megatron-Core scales by the decoder's layer count; the MTP layer uses the same config.
     const float out_std = std / std::sqrt(2.0f * static_cast<float>(shape_.num_decoder_layers()));
+    const bool tp = shape_.tp_size > 1;
+    const int64_t H = shape_.hidden, V = shape_.vocab;
     // The copy's name is the embedding's: the same values (GptShape::has_embedding_copies).
-    if (shape_.holds(-1) || shape_.holds_embedding_copy())
-        init_normal(embedding_, seed, std);
+    if (shape_.holds(-1) || shape_.holds_embedding_copy()) {
+        if (tp)
+            init_normal_shard(embedding_, seed, std, {V, H}, {V});
+        else
+            init_normal(embedding_, seed, std);
+    }
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
         if (!shape_.holds(l))
             continue;
@@ -223,6 +291,12 @@ void GptModel::init_weights(uint64_t seed) {
                 init_ones(p.mla.q_norm);
                 init_ones(p.mla.kv_norm);
             }
+        } else if (tp) {
+            const AttentionShape& a = shape_.attn;
+            init_normal_shard(
+                p.attn.qkv, seed, std, {(a.num_heads + 2 * a.num_groups) * a.head_dim, H},
+                {a.num_heads * a.head_dim, a.num_groups * a.head_dim, a.num_groups * a.head_dim});
+            init_normal_shard(p.attn.proj, seed, out_std, {H, a.num_heads * a.head_dim}, {});
         } else {
             init_normal(p.attn.qkv, seed, std);
             init_normal(p.attn.proj, seed, out_std);
@@ -230,6 +304,12 @@ void GptModel::init_weights(uint64_t seed) {
         if (!shape_.multi_latent_attention && shape_.attn.qk_layernorm) {
             init_ones(p.attn.q_norm);
             init_ones(p.attn.k_norm);
+        }
+        if (!layer_shapes_[l].is_moe && tp) {
+            const int64_t F = shape_.ffn_hidden;
+            init_normal_shard(p.dense.fc1, seed, std, {2 * F, H}, {F, F});
+            init_normal_shard(p.dense.fc2, seed, out_std, {H, F}, {});
+            continue;
         }
         if (!layer_shapes_[l].is_moe) {
             init_normal(p.dense.fc1, seed, std);
@@ -260,7 +340,9 @@ void GptModel::init_weights(uint64_t seed) {
     if (!shape_.holds(shape_.num_layers))
         return;
     init_ones(final_norm_);
-    if (!shape_.tie_embeddings)
+    if (!shape_.tie_embeddings && tp)
+        init_normal_shard(output_, seed, std, {V, H}, {V});
+    else if (!shape_.tie_embeddings)
         init_normal(output_, seed, std);
 }
 
@@ -351,7 +433,7 @@ void GptModel::release_handoff(std::vector<HandoffState*>& slots, int position) 
 Tensor GptModel::fill_slot(HandoffState*& h, int position) {
     EPO_CHECK(h == nullptr, "hand-off tensor of position {} written twice", position);
     h = handoff_pool_.acquire();
-    h->t = h->arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+    h->t = h->arena.alloc({shape_.local_tokens(), shape_.hidden}, DType::kF32);
     return h->t;
 }
 
@@ -385,8 +467,21 @@ void GptModel::account(MicroBatch& m) {
         output_pool_.account(m.output);
 }
 
-void GptModel::embedding_forward(int mb, MicroBatch& m) {
+comm::Communicator& GptModel::tp_comm(const NodeArgs& a) const {
+    EPO_CHECK(a.comms != nullptr && a.comms->tp != nullptr && a.comms->tp->size() == shape_.tp_size,
+              "a model of tensor-parallel size {} run without a tp communicator of that size",
+              shape_.tp_size);
+    return *a.comms->tp;
+}
+
+void GptModel::embedding_forward(int mb, MicroBatch& m, const NodeArgs& a) {
     EPO_CHECK(m.x[0] == nullptr, "micro-batch {} starts while its states are still in use", mb);
+    if (shape_.tp_size > 1) {
+        vocab_parallel_embedding_forward(tp_comm(a), shape_.sequence_parallel, embedding_,
+                                         shape_.vocab, step_tokens_[static_cast<size_t>(mb)],
+                                         handoff(m.x, 0), *a.scratch);
+        return;
+    }
     model::embedding_forward(embedding_, step_tokens_[static_cast<size_t>(mb)], handoff(m.x, 0));
     // The MTP's embedding of the shifted tokens: here, so that the table's gradient is added in
     // one place in one order (the embedding backward) whatever the schedule. With stages the
@@ -396,7 +491,14 @@ void GptModel::embedding_forward(int mb, MicroBatch& m) {
                                  fill_slot(m.mtp_embed, -1));
 }
 
-void GptModel::embedding_backward(int mb, MicroBatch& m) {
+void GptModel::embedding_backward(int mb, MicroBatch& m, const NodeArgs& a) {
+    if (shape_.tp_size > 1) {
+        vocab_parallel_embedding_backward(tp_comm(a), shape_.sequence_parallel, embedding_,
+                                          step_tokens_[static_cast<size_t>(mb)], m.dx[0]->t,
+                                          *a.scratch);
+        release_handoff(m.dx, 0);
+        return;
+    }
     model::embedding_backward(embedding_, step_tokens_[static_cast<size_t>(mb)], m.dx[0]->t);
     release_handoff(m.dx, 0);
     if (mtp_lookup_at_embedding()) {
@@ -437,7 +539,7 @@ void GptModel::mtp_backward(MicroBatch& m, Arena& scratch) {
 }
 
 // The output position: final norm, output layer (the embedding when tied) and loss.
-void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch) {
+void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch, const NodeArgs& a) {
     EPO_CHECK(m.output == nullptr, "output state of micro-batch {} still in use", mb);
     if (shape_.mtp_num_layers > 0) {
         mtp_output_forward(mb, m, scratch);
@@ -446,24 +548,41 @@ void GptModel::output_forward(int mb, MicroBatch& m, Arena& scratch) {
     m.output = output_pool_.acquire();
     OutputState& o = *m.output;
     const Tensor& x = m.x[static_cast<size_t>(shape_.num_layers)]->t;
-    o.normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, shape_.compute_dtype);
-    o.rstd = o.arena.alloc({shape_.tokens()}, DType::kF32);
+    o.normed = o.arena.alloc({shape_.local_tokens(), shape_.hidden}, shape_.compute_dtype);
+    o.rstd = o.arena.alloc({shape_.local_tokens()}, DType::kF32);
     rmsnorm_forward(x, final_norm_, shape_.norm_eps, o.normed, o.rstd);
+    if (shape_.tp_size > 1) {
+        // The output layer on all tokens (the normed rows gathered), over the rank's vocabulary.
+        comm::Communicator& tp = tp_comm(a);
+        Tensor full = o.arena.alloc({shape_.tokens(), shape_.hidden}, shape_.compute_dtype);
+        tp_gather(tp, shape_.sequence_parallel, o.normed, full);
+        results_[static_cast<size_t>(mb)].lm_loss =
+            vocab_parallel_lm_head_forward(tp, output_, full, step_labels_[static_cast<size_t>(mb)],
+                                           loss_grad_scale_, o.head, o.arena, *a.scratch);
+        return;
+    }
     const Param& w = shape_.tie_embeddings ? embedding_ : output_;
     results_[static_cast<size_t>(mb)].lm_loss =
         lm_head_forward(w, o.normed, step_labels_[static_cast<size_t>(mb)], loss_grad_scale_,
                         o.head, o.arena, scratch);
 }
 
-void GptModel::output_backward(MicroBatch& m, Arena& scratch) {
+void GptModel::output_backward(MicroBatch& m, Arena& scratch, const NodeArgs& a) {
     if (shape_.mtp_num_layers > 0) {
         mtp_output_backward(m, scratch);
         return;
     }
     OutputState& o = *m.output;
     Param& w = shape_.tie_embeddings ? embedding_ : output_;
-    o.d_normed = o.arena.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
-    lm_head_backward_dgrad(w, o.head, o.d_normed);
+    o.d_normed = o.arena.alloc({shape_.local_tokens(), shape_.hidden}, DType::kF32);
+    if (shape_.tp_size > 1) {
+        // The partial input gradient over the rank's vocabulary, reduced to its rows.
+        Tensor partial = scratch.alloc({shape_.tokens(), shape_.hidden}, DType::kF32);
+        lm_head_backward_dgrad(w, o.head, partial);
+        tp_reduce(tp_comm(a), shape_.sequence_parallel, partial, o.d_normed);
+    } else {
+        lm_head_backward_dgrad(w, o.head, o.d_normed);
+    }
     lm_head_backward_wgrad(w, shape_.gradient_accumulation_fusion, o.head, scratch);
     const int last = static_cast<int>(shape_.num_layers);
     const Tensor d_last = handoff(m.dx, last);
@@ -531,15 +650,15 @@ void GptModel::run(const schedule::NodeCall& c, const moe::DispatchComms& comms,
                         .moe_chunk = c.moe_chunk};
     if (c.node == NodeKind::kEmbedding) {
         if (c.phase == Phase::kForward) {
-            embedding_forward(c.micro_batch, m);
+            embedding_forward(c.micro_batch, m, args);
         } else {
-            embedding_backward(c.micro_batch, m);
+            embedding_backward(c.micro_batch, m, args);
         }
     } else if (c.node == NodeKind::kOutput) {
         if (c.phase == Phase::kForward) {
-            output_forward(c.micro_batch, m, scratch);
+            output_forward(c.micro_batch, m, scratch, args);
         } else {
-            output_backward(m, scratch);
+            output_backward(m, scratch, args);
         }
     } else {
         run_layer(c, m, args);
@@ -738,19 +857,19 @@ std::vector<schedule::NodeCall> GptModel::straight_calls(int mb, schedule::Phase
     return calls;
 }
 
-void GptModel::forward(int mb, comm::Communicator& ep, Arena& scratch) {
+void GptModel::forward(int mb, const moe::DispatchComms& comms, Arena& scratch) {
     for (const schedule::NodeCall& c : straight_calls(mb, schedule::Phase::kForward))
-        run(c, ep, scratch);
+        run(c, comms, scratch);
 }
 
-void GptModel::backward(int mb, comm::Communicator& ep, Arena& scratch) {
+void GptModel::backward(int mb, const moe::DispatchComms& comms, Arena& scratch) {
     for (const schedule::NodeCall& c : straight_calls(mb, schedule::Phase::kBackward))
-        run(c, ep, scratch);
+        run(c, comms, scratch);
 }
 
-void GptModel::forward_backward(int mb, comm::Communicator& ep, Arena& scratch) {
-    forward(mb, ep, scratch);
-    backward(mb, ep, scratch);
+void GptModel::forward_backward(int mb, const moe::DispatchComms& comms, Arena& scratch) {
+    forward(mb, comms, scratch);
+    backward(mb, comms, scratch);
 }
 
 }  // namespace epo::model

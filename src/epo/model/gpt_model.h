@@ -98,6 +98,15 @@ struct GptShape {
     int virtual_pipeline_size = 1;
     int pipeline_rank = 0;
     std::vector<std::vector<LayerRange>> pipeline_chunks;
+    // Tensor parallelism (tensor_parallel.h) over tp_size ranks, this rank's place tp_rank, with
+    // or without sequence parallelism. The model holds its shards (heads, groups, FFN columns,
+    // vocabulary rows; the norms, router and experts whole), initialised as the TP 1 weights and
+    // sliced, so TP n computes what TP 1 does; the hand-off tensors are the rank's local_tokens()
+    // rows. Its collectives run on the stream's tp communicator (DispatchComms::tp). Not with
+    // MLA, MTP, tied embeddings or the layernorm recompute.
+    int tp_size = 1;
+    int tp_rank = 0;
+    bool sequence_parallel = false;
 
     LayerRange chunk_layers(int stage, int chunk) const {
         if (pipeline_chunks.empty())
@@ -137,6 +146,8 @@ struct GptShape {
         return mtp_num_layers > 0 ? num_layers - 1 : num_layers;
     }
     int64_t tokens() const { return micro_batch_size * seq_length; }
+    // Rows of the residual stream on this rank: the sequence shard under SP, else all tokens.
+    int64_t local_tokens() const { return sequence_parallel ? tokens() / tp_size : tokens(); }
     int64_t num_decoder_layers() const { return num_layers - mtp_num_layers; }
     bool is_mtp_layer(int64_t l) const { return mtp_num_layers > 0 && l == num_layers - 1; }
     int64_t num_local_experts() const { return moe.num_experts / ep_size; }
@@ -220,6 +231,13 @@ public:
     const std::vector<Param*>& dense_params() const { return dense_params_; }
     const std::vector<Param*>& expert_params() const { return expert_params_; }
     std::vector<Param*> all_params() const;
+    // Tensor parallelism: the dense parameters that every TP rank holds whole but whose
+    // gradients cover only the rank's part of the work, so the TP group must sum them before the
+    // data-parallel reduction (Megatron-Core's finalize_model_grads): the q/k norms (the rank's
+    // heads) always; with sequence parallelism also the norms, the router and the shared expert
+    // (the rank's rows). Empty at TP 1. (The experts see the rank's rows too; their gradients
+    // are summed by the expert-data-parallel group, which contains the TP group at ETP 1.)
+    const std::vector<Param*>& tp_summed_params() const { return tp_summed_params_; }
     // The parameters at one model position (schedule.h: -1 the embedding, 0..L-1 the layers, L
     // the final norm and output layer), whose gradients are final once the last micro-batch's
     // backward has passed that position. With tied embeddings the output layer's weight is the
@@ -244,9 +262,9 @@ public:
     // Micro-batch `mb`'s forward and backward as a straight list (embedding, each layer's nodes,
     // output; then the same reversed, weight gradients right after each dgrad), on the calling
     // thread with `ep` for every node. forward_backward() is forward() then backward().
-    void forward(int mb, comm::Communicator& ep, Arena& scratch);
-    void backward(int mb, comm::Communicator& ep, Arena& scratch);
-    void forward_backward(int mb, comm::Communicator& ep, Arena& scratch);
+    void forward(int mb, const moe::DispatchComms& comms, Arena& scratch);
+    void backward(int mb, const moe::DispatchComms& comms, Arena& scratch);
+    void forward_backward(int mb, const moe::DispatchComms& comms, Arena& scratch);
     // A pipeline transfer (schedule::is_pipeline_transfer) of a call's micro-batch: the tensor it
     // moves, x[p] for a forward one and dx[p] for a backward one ((T, H) f32, p = call.layer); a
     // receive acquires it. After the transfer, transfer_done() returns a sent tensor to its pool
@@ -295,10 +313,17 @@ private:
     bool last_of_group(int l) const;
     void account(MicroBatch& m);
 
-    void embedding_forward(int mb, MicroBatch& m);
-    void embedding_backward(int mb, MicroBatch& m);
-    void output_forward(int mb, MicroBatch& m, Arena& scratch);
-    void output_backward(MicroBatch& m, Arena& scratch);
+    void embedding_forward(int mb, MicroBatch& m, const NodeArgs& a);
+    void embedding_backward(int mb, MicroBatch& m, const NodeArgs& a);
+    // Tensor parallelism: the stream's tp communicator (refuses a missing / wrong-sized one).
+    comm::Communicator& tp_comm(const NodeArgs& a) const;
+    // Tensor parallelism: fills p (this rank's shard) with rank tp_rank's part of the TP 1
+    // weight of shape `full` drawn as init_weights draws it: rows block by block (`blocks`,
+    // tensor_parallel.h's tp_copy_row_shard) or, with no blocks, columns.
+    void init_normal_shard(Param& p, uint64_t seed, float std, const Shape& full,
+                           std::vector<int64_t> blocks) const;
+    void output_forward(int mb, MicroBatch& m, Arena& scratch, const NodeArgs& a);
+    void output_backward(MicroBatch& m, Arena& scratch, const NodeArgs& a);
     void run_layer(const schedule::NodeCall& c, MicroBatch& m, const NodeArgs& args);
     // Multi-token prediction: the MTP layer's input u (runs the prologue), and the prologue's
     // backward after the layer's pre_dispatch backward wrote st.du.
@@ -320,7 +345,7 @@ private:
     Param final_norm_;
     Param output_;
     MtpParams mtp_;  // with mtp_num_layers = 1
-    std::vector<Param*> dense_params_, expert_params_;
+    std::vector<Param*> dense_params_, expert_params_, tp_summed_params_;
     std::unique_ptr<moe::TokenDispatcher> dispatcher_;  // with MoE layers
 
     std::vector<MicroBatch> micro_batches_;  // one per micro-batch of the step (grown, kept)

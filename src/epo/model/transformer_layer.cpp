@@ -2,6 +2,7 @@
 
 #include "epo/kernels/rows.h"
 #include "epo/model/rmsnorm.h"
+#include "epo/model/tensor_parallel.h"
 
 namespace epo::model {
 namespace {
@@ -43,19 +44,56 @@ int chunk_of(const LayerShape& s, const NodeArgs& a) {
     return chunked ? a.moe_chunk : 0;
 }
 
+// The running stream's TP communicator, for a layer with tp_size > 1.
+comm::Communicator& layer_tp(const LayerShape& s, const NodeArgs& a) {
+    EPO_CHECK(a.comms != nullptr && a.comms->tp != nullptr && a.comms->tp->size() == s.tp_size,
+              "a layer of tensor-parallel size {} without a tp communicator of that size",
+              s.tp_size);
+    EPO_CHECK(!s.multi_latent_attention && !s.recompute.layernorm,
+              "a tensor-parallel layer with MLA or the layernorm recompute");
+    return *a.comms->tp;
+}
+
 // The layer's self-attention, multi-latent or grouped-query: the one place that chooses.
-// forward: h (T, H) f32 += attention(n1).
+// forward: h (T, H) f32 += attention(n1). With TP: n1 gathered, attention on the rank's heads
+// into a partial sum over all tp_tokens(), reduced (SP: scattered) into h.
 void self_attention_forward(const LayerShape& s, const LayerParams& p, const RopeTable& rope,
-                            LayerState& st, Arena& scratch) {
+                            LayerState& st, const NodeArgs& a) {
+    Arena& scratch = *a.scratch;
+    if (s.tp_size > 1) {
+        comm::Communicator& tp = layer_tp(s, a);
+        const int64_t Tf = s.tp_tokens(), H = s.hidden;
+        st.n1_full = st.arena.alloc({Tf, H}, s.compute_dtype);
+        tp_gather(tp, s.sequence_parallel, st.n1, st.n1_full);
+        Tensor partial = scratch.alloc_zeros({Tf, H}, DType::kF32);
+        attention_forward(s.attn, p.attn, rope, st.n1_full, partial, st.attn, st.arena, scratch);
+        Tensor y = scratch.alloc({s.tokens, H}, DType::kF32);
+        tp_reduce(tp, s.sequence_parallel, partial, y);
+        add_into(st.x, y, st.h);
+        return;
+    }
     if (s.multi_latent_attention)
         mla_forward(s.mla, p.mla, rope, st.n1, st.h, st.mla, st.arena, scratch);
     else
         attention_forward(s.attn, p.attn, rope, st.n1, st.h, st.attn, st.arena, scratch);
 }
 
-// dn1 (T, H) f32 = the input gradient for dh (T, H) f32.
+// dn1 (T, H) f32 = the input gradient for dh (T, H) f32 (TP: dh gathered, the partial input
+// gradient reduced back to the rank's rows).
 void self_attention_dgrad(const LayerShape& s, LayerParams& p, const RopeTable& rope,
-                          LayerState& st, const Tensor& dh, const Tensor& dn1, Arena& scratch) {
+                          LayerState& st, const Tensor& dh, const Tensor& dn1, const NodeArgs& a) {
+    Arena& scratch = *a.scratch;
+    if (s.tp_size > 1) {
+        comm::Communicator& tp = layer_tp(s, a);
+        const int64_t Tf = s.tp_tokens(), H = s.hidden;
+        Tensor dh_full = scratch.alloc({Tf, H}, DType::kF32);
+        tp_gather(tp, s.sequence_parallel, dh, dh_full);
+        Tensor partial = scratch.alloc({Tf, H}, DType::kF32);
+        attention_backward_dgrad(s.attn, p.attn, rope, dh_full, partial, st.attn, st.arena,
+                                 scratch);
+        tp_reduce(tp, s.sequence_parallel, partial, dn1);
+        return;
+    }
     if (s.multi_latent_attention)
         mla_backward_dgrad(s.mla, p.mla, rope, dh, dn1, st.mla, st.arena, scratch);
     else
@@ -190,8 +228,9 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
     st.rstd1 = ar.alloc({T}, DType::kF32);
     rmsnorm_forward(st.x, p.input_norm, s.norm_eps, st.n1, st.rstd1);
     st.h = ar.alloc({T, H}, DType::kF32);
-    st.h.copy_from(st.x);  // residual: attention accumulates into it
-    self_attention_forward(s, p, rope, st, *a.scratch);
+    if (s.tp_size == 1)
+        st.h.copy_from(st.x);  // residual: attention accumulates into it
+    self_attention_forward(s, p, rope, st, a);
     // A dense layer's n2 feeds the mlp node: recomputed, it is computed again there.
     st.n2 = home(ln, st, a).alloc({T, H}, cd);
     st.rstd2 = ar.alloc({T}, DType::kF32);
@@ -221,11 +260,22 @@ void dispatch_forward(const LayerShape& s, const LayerParams& p, LayerState& st,
 void mlp_forward(const LayerShape& s, const LayerParams& p, LayerState& st, const Tensor& out,
                  const NodeArgs& a) {
     if (!s.is_moe) {
-        const Tensor n2 = normed2(s, p, st, *a.scratch);
+        Tensor n2 = normed2(s, p, st, *a.scratch);
         Tensor y = a.scratch->alloc({s.tokens, s.hidden}, DType::kF32);
+        // TP: the MLP on all tp_tokens() (n2 gathered) into a partial sum, reduced into y.
+        const bool tp = s.tp_size > 1;
+        Tensor y_mlp = y;
+        if (tp) {
+            st.n2_full = st.arena.alloc({s.tp_tokens(), s.hidden}, s.compute_dtype);
+            tp_gather(layer_tp(s, a), s.sequence_parallel, n2, st.n2_full);
+            n2 = st.n2_full;
+            y_mlp = a.scratch->alloc({s.tp_tokens(), s.hidden}, DType::kF32);
+        }
         moe::shared_expert_forward(
-            p.dense, n2, y, st.mlp, st.arena,
+            p.dense, n2, y_mlp, st.mlp, st.arena,
             s.recompute.mlp ? moe::FfnRecompute::kAll : moe::FfnRecompute::kNone, a.scratch);
+        if (tp)
+            tp_reduce(layer_tp(s, a), s.sequence_parallel, y_mlp, y);
         if (out.defined())
             add_into(st.h, y, out);
         forget_recomputed(s, st);
@@ -302,7 +352,20 @@ void combine_backward(const LayerShape& s, const LayerParams& p, LayerState& st,
 
 void mlp_backward(const LayerShape& s, LayerParams& p, LayerState& st, const Tensor& d_out,
                   bool with_wgrad, const NodeArgs& a) {
-    if (!s.is_moe) {
+    if (!s.is_moe && s.tp_size > 1) {
+        // TP: the output gradient gathered, the partial input gradient reduced to the rank's rows.
+        comm::Communicator& tp = layer_tp(s, a);
+        const int64_t Tf = s.tp_tokens(), H = s.hidden;
+        Tensor d_full = a.scratch->alloc({Tf, H}, DType::kF32);
+        tp_gather(tp, s.sequence_parallel, d_out, d_full);
+        st.d_out_c = st.arena.alloc({Tf, H}, s.compute_dtype);
+        to_compute(d_full, st.d_out_c);
+        Tensor partial = a.scratch->alloc_zeros({Tf, H}, DType::kF32);
+        moe::shared_expert_backward_dgrad(p.dense, st.d_out_c, partial, st.mlp, st.arena,
+                                          a.scratch);
+        st.dn2 = st.arena.alloc({s.tokens, H}, DType::kF32);
+        tp_reduce(tp, s.sequence_parallel, partial, st.dn2);
+    } else if (!s.is_moe) {
         st.d_out_c = st.arena.alloc(d_out.shape(), s.compute_dtype);
         to_compute(d_out, st.d_out_c);
         st.dn2 = st.arena.alloc_zeros({s.tokens, s.hidden}, DType::kF32);
@@ -353,7 +416,7 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
     dh.copy_from(d_out);  // residual
     rmsnorm_backward(st.h, p.pre_mlp_norm, st.rstd2, st.dn2, dh, ws);
     Tensor dn1 = scratch.alloc({T, H}, DType::kF32);
-    self_attention_dgrad(s, p, rope, st, dh, dn1, scratch);
+    self_attention_dgrad(s, p, rope, st, dh, dn1, a);
     d_x.copy_from(dh);  // residual
     rmsnorm_backward(st.x, p.input_norm, st.rstd1, dn1, d_x, ws);
     if (with_wgrad)

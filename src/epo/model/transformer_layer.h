@@ -77,6 +77,16 @@ struct LayerShape {
     bool gradient_accumulation_fusion = false;
     DType compute_dtype = DType::kBF16;
     LayerRecompute recompute;
+    // Tensor parallelism (tensor_parallel.h) over tp_size ranks: attn holds this rank's A/n heads
+    // and G/n groups, ffn_hidden its F/n columns (the caller divides them). With sequence
+    // parallelism `tokens` is this rank's sequence shard (T/n rows of the residual stream), on
+    // which the norms, residual and MoE block run; attention and the dense MLP run on all
+    // tp_tokens() tokens between a tp_gather of their input and a tp_reduce of their output, on
+    // the running stream's tp communicator (NodeArgs::comms->tp), inline in the compute nodes.
+    // Not with MLA or the layernorm recompute (the callers refuse them).
+    int tp_size = 1;
+    bool sequence_parallel = false;
+    int64_t tp_tokens() const { return sequence_parallel ? tokens * tp_size : tokens; }
 };
 
 struct LayerParams {
@@ -111,8 +121,12 @@ struct LayerState {
     moe::MoeBlockState moe;        // MoE layers
     // dense MLP
     moe::ExpertsContext mlp;
+    // Tensor parallelism: n1 / n2 gathered over the TP group, (tp_tokens(), H) compute dtype,
+    // the inputs attention / the dense MLP keep for their weight gradients.
+    Tensor n1_full, n2_full;
     // backward
-    Tensor d_out_c;  // (T, H) compute dtype: the output gradient as GEMM operand
+    Tensor d_out_c;  // (T, H) compute dtype: the output gradient as GEMM operand (dense with TP:
+                     // gathered, (tp_tokens(), H))
     Tensor dn2;      // (T, H) f32 (dense: from the mlp node)
 };
 

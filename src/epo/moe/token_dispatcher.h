@@ -52,10 +52,13 @@ struct DispatchComms {
     comm::Communicator& ep;
     comm::Communicator* ep_node = nullptr;
     comm::Communicator* ep_peer = nullptr;
+    // The stream's tensor-parallel group (model/tensor_parallel.h): the layers' TP collectives
+    // run inline in their compute nodes on it. Null: no TP (a layer with tp_size > 1 refuses).
+    comm::Communicator* tp = nullptr;
 
     DispatchComms(comm::Communicator& ep_group) : ep(ep_group) {}  // NOLINT: implicit on purpose
     DispatchComms(comm::ProcessGroups& g)                          // NOLINT: implicit on purpose
-        : ep(g.ep), ep_node(&g.ep_node), ep_peer(&g.ep_peer) {}
+        : ep(g.ep), ep_node(&g.ep_node), ep_peer(&g.ep_peer), tp(&g.tp) {}
 };
 
 // Group `index` of `count` equal groups of each EP rank's local experts: local experts

@@ -27,10 +27,13 @@ RunPlan resolve_run(const config::Config& cfg, int world_size, int world_rank) {
     r.num_micro_batches = config::num_microbatches(cfg);
     r.shape = model::gpt_shape_from_config(cfg, ep_size, r.rank_in_stage % ep_size, r.stage);
     r.step = make_step_plan(cfg, r.shape);
-    r.groups = comm::ParallelLayout{.world_size = world_size,
-                                    .expert_model_parallel_size = ep_size,
-                                    .gpus_per_node = config::gpus_per_node(cfg.comm),
-                                    .pipeline_model_parallel_size = num_stages};
+    r.groups = comm::ParallelLayout{
+        .world_size = world_size,
+        .expert_model_parallel_size = ep_size,
+        .gpus_per_node = config::gpus_per_node(cfg.comm),
+        .pipeline_model_parallel_size = num_stages,
+        .tensor_model_parallel_size = cfg.model.tensor_model_parallel_size,
+        .expert_tensor_parallel_size = config::expert_tensor_parallel_size(cfg.model)};
     r.comm.timeout_s = cfg.comm.timeout_s;
     r.comm.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
                                   cfg.comm.link.intra_node_gbps.value_or(0.0),
