@@ -285,7 +285,8 @@ TEST(RuntimeSupport, ValidateWarnsRunsRefuse) {
 }
 
 // TP with sequence parallelism runs (RT001, RT005 lifted) for MoE at ETP 1 without the router's
-// TP-group statistics; its combinations RT039-RT043 stay refused, one id each.
+// TP-group statistics, with pipeline stages too (RT043); its combinations RT039-RT042 stay
+// refused, one id each.
 TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombinations) {
     Config c = make_recipe("tiny-moe");
     c.model.tensor_model_parallel_size = 2;
@@ -295,7 +296,11 @@ TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombina
     c.model.expert_tensor_parallel_size = 2;
     EXPECT_EQ(runtime_ids(runtime_findings(c, RuntimeCapabilities::current())),
               std::vector<std::string>{"RT004"});
-    for (const char* id : {"RT039", "RT040", "RT041", "RT042", "RT043"}) {
+    // With pipeline stages it runs too (RT043 is for a runtime without that).
+    Config staged = make_recipe("tiny-moe");
+    uses().at("RT043")(staged);
+    EXPECT_TRUE(runtime_findings(staged, RuntimeCapabilities::current()).empty());
+    for (const char* id : {"RT039", "RT040", "RT041", "RT042"}) {
         SCOPED_TRACE(id);
         Config refused = make_recipe("tiny-moe");
         uses().at(id)(refused);

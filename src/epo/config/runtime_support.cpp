@@ -406,7 +406,7 @@ const std::vector<FeatureRow>& rows() {
          },
          "set model.moe_aux_loss_coeff=0, model.moe_z_loss_coeff=null and "
          "model.moe_router_enable_expert_bias=false, or model.tensor_model_parallel_size=1"},
-        // The stage-to-stage transfers of a TP stage (the rank's rows) are not tested yet.
+        // Runs now (the stages' transfers carry the rank's rows; PipelineTensorParallel test).
         {{"RT043", "tensor parallelism with pipeline parallelism", &RC::tp_pipeline},
          [](C c) {
              return when(tp_combination(c) == "RT043", "model.pipeline_model_parallel_size",
@@ -436,6 +436,7 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     // model/gpt_model.h (GptShape::tp_size, sequence_parallel), train/optimizer.h (TP sums).
     caps.tensor_parallel = true;
     caps.sequence_parallel = true;
+    caps.tp_pipeline = true;  // tests/train/tensor_parallel_mpi_test.cpp PipelineTensorParallel
     return caps;
 }
 
