@@ -163,8 +163,9 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
     state.params = dense;
     state.params.insert(state.params.end(), expert.begin(), expert.end());
     state.num_dense = dense.size();
-    // TP = CP = 1 at run time (runtime-support checks): every rank of a stage is a
-    // data-parallel rank, and the dp group is the stage's (the world without PP).
+    // CP = 1 at run time (RT003): the dp group is the stage's ranks of this rank's TP place
+    // (stage / TP of them), whose gradients are averaged; experts' too, as Megatron-Core scales
+    // expert gradients by the dense DP size.
     state.dp_size = groups.dp.size();
     state.distributed =
         config.use_distributed_optimizer && (groups.dp.size() > 1 || groups.edp.size() > 1);
