@@ -241,7 +241,8 @@ TEST(TensorParallelTrainer, ComputeNodesMoveOnlyTensorParallelBytes) {
 }
 
 // A checkpoint of a TP 2 run holds each TP rank's shards in its own file: a resumed run's next
-// steps equal the uninterrupted run's bit for bit (with the distributed optimizer's shards too).
+// steps equal the uninterrupted run's bit for bit (with the distributed optimizer's shards too),
+// and a job of another TP size is refused.
 TEST(TensorParallelTrainer, ResumeIsBitIdentical) {
     const int world = comm::current_world_size();
     const config::Config cfg =
@@ -276,6 +277,17 @@ TEST(TensorParallelTrainer, ResumeIsBitIdentical) {
         resumed.insert(resumed.end(), {r.lm_loss, r.grad_norm});
     }
     EXPECT_EQ(straight, resumed);
+    // Under another TP size the files hold other shards: refused, naming both sizes.
+    Trainer tp1(tp_run_config(world, 1, world, {"ddp.use_distributed_optimizer=true"}));
+    try {
+        tp1.load_checkpoint(saved, control);
+        ADD_FAILURE() << "a TP 2 checkpoint loaded at TP 1";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(
+                      "model.tensor_model_parallel_size 2 in the checkpoint, 1 in this job"),
+                  std::string::npos)
+            << e.what();
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     if (comm::current_world_rank() == 0)
         std::filesystem::remove_all(dir);
