@@ -31,10 +31,10 @@ epo_cli_test(plan_no_topology 1 "give --num_nodes and --gpus_per_node" RUN
 # What only the epo CPU runtime lacks is one note, never a refusal; the reference's rules still
 # refuse (LY005 for 94 layers over PP 8 x VPP 4 without an uneven split).
 epo_cli_test(plan_tp 0 "TP 2, PP 1"
-             "the epo runtime cannot run this configuration to check the plan on CPU \\(RT001"
+             "the epo runtime cannot run this configuration to check the plan on CPU \\(RT042"
              RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true)
 # --json carries the same note (and the validation's warnings and notes) as the text.
-epo_cli_test(plan_json_runtime_note 0 "\"can_run_on_cpu\": false" "\"RT001\""
+epo_cli_test(plan_json_runtime_note 0 "\"can_run_on_cpu\": false" "\"RT042\""
              "\"note\": \"the epo runtime cannot run this configuration to check the plan on CPU"
              "\"validation\": \\{" RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true
              --json)

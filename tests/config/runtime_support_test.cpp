@@ -21,7 +21,12 @@ using testing::ids;
 // A change that makes tiny-moe use exactly the feature of each RT id.
 const std::map<std::string, std::function<void(Config&)>>& uses() {
     static const std::map<std::string, std::function<void(Config&)>> table = {
-        {"RT001", [](Config& c) { c.model.tensor_model_parallel_size = 2; }},
+        // A dense model: MoE layers with TP have RT040 / RT042.
+        {"RT001",
+         [](Config& c) {
+             c.model.tensor_model_parallel_size = 2;
+             c.model.num_moe_experts.reset();
+         }},
         {"RT002", [](Config& c) { c.model.pipeline_model_parallel_size = 2; }},
         {"RT003", [](Config& c) { c.model.context_parallel_size = 2; }},
         {"RT004", [](Config& c) { c.model.expert_tensor_parallel_size = 2; }},
@@ -94,6 +99,29 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.recompute_granularity = RecomputeGranularity::kFull;
              c.model.recompute_method = RecomputeMethod::kUniform;
              c.model.recompute_num_layers = 1;
+         }},
+        {"RT039",
+         [](Config& c) {
+             c.model.tensor_model_parallel_size = 2;
+             c.model.multi_latent_attention = true;
+         }},
+        {"RT040",
+         [](Config& c) {
+             c.model.tensor_model_parallel_size = 2;
+             c.model.moe_aux_loss_coeff = 0;
+         }},
+        {"RT041",
+         [](Config& c) {
+             c.model.tensor_model_parallel_size = 2;
+             c.model.mtp_num_layers = 1;
+         }},
+        // tiny-moe's aux loss.
+        {"RT042", [](Config& c) { c.model.tensor_model_parallel_size = 2; }},
+        {"RT043",
+         [](Config& c) {
+             c.model.tensor_model_parallel_size = 2;
+             c.model.pipeline_model_parallel_size = 2;
+             c.model.num_moe_experts.reset();
          }},
         {"RT026",
          [](Config& c) {
@@ -246,14 +274,48 @@ TEST(RuntimeSupport, ValidateWarnsRunsRefuse) {
     c.comm.gpus_per_node = 2;
     const ValidationReport check = validate(c);
     EXPECT_TRUE(check.ok());
-    EXPECT_EQ(runtime_ids(check.warnings), std::vector<std::string>{"RT001"});
+    EXPECT_EQ(runtime_ids(check.warnings), std::vector<std::string>{"RT042"});
     const ValidationReport run = validate_for_run(c);
     EXPECT_FALSE(run.ok());
-    EXPECT_EQ(ids(run.errors), std::vector<std::string>{"RT001"});
+    EXPECT_EQ(ids(run.errors), std::vector<std::string>{"RT042"});
     EXPECT_TRUE(runtime_ids(run.warnings).empty());
     ValidateOptions tp;
-    tp.runtime.tensor_parallel = true;
+    tp.runtime.tp_router_losses = true;
     EXPECT_TRUE(validate_for_run(c, tp).ok());
+}
+
+// TP with sequence parallelism runs (RT001, RT005 lifted) for MoE at ETP 1 without the router's
+// TP-group statistics, with pipeline stages too (RT043); its combinations RT039-RT042 stay
+// refused, one id each.
+TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombinations) {
+    Config c = make_recipe("tiny-moe");
+    c.model.tensor_model_parallel_size = 2;
+    c.model.sequence_parallel = true;
+    c.model.moe_aux_loss_coeff = 0;
+    EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    c.model.expert_tensor_parallel_size = 2;
+    EXPECT_EQ(runtime_ids(runtime_findings(c, RuntimeCapabilities::current())),
+              std::vector<std::string>{"RT004"});
+    // With pipeline stages it runs too (RT043 is for a runtime without that).
+    Config staged = make_recipe("tiny-moe");
+    uses().at("RT043")(staged);
+    EXPECT_TRUE(runtime_findings(staged, RuntimeCapabilities::current()).empty());
+    for (const char* id : {"RT039", "RT040", "RT041", "RT042"}) {
+        SCOPED_TRACE(id);
+        Config refused = make_recipe("tiny-moe");
+        uses().at(id)(refused);
+        const auto f = runtime_findings(refused, RuntimeCapabilities::current());
+        ASSERT_EQ(runtime_ids(f), std::vector<std::string>{id});
+        EXPECT_NE(f[0].fix.find("tensor_model_parallel_size"), std::string::npos) << f[0].fix;
+    }
+    Config z = make_recipe("tiny-moe");
+    z.model.tensor_model_parallel_size = 2;
+    z.model.sequence_parallel = true;
+    z.model.moe_aux_loss_coeff = 0;
+    z.model.moe_z_loss_coeff = 1e-3;
+    const auto f = runtime_findings(z, RuntimeCapabilities::current());
+    ASSERT_EQ(runtime_ids(f), std::vector<std::string>{"RT042"});
+    EXPECT_EQ(f[0].field, "model.moe_z_loss_coeff");
 }
 
 TEST(RuntimeSupport, ReadsTheFinalizedConfig) {

@@ -37,13 +37,37 @@ bool interleaved_partial_group(const Config& c) {
            n % pp != 0;
 }
 
+// The id of the first combination with tensor parallelism that runs without it (RT039-RT043),
+// "" when TP = 1 or none applies. One id per layout, as for RT002's: RT001 (and RT002, RT007)
+// stand for TP (PP, MLA) alone.
+std::string_view tp_combination(const Config& c) {
+    const ModelConfig& m = c.model;
+    if (m.tensor_model_parallel_size <= 1)
+        return "";
+    if (m.multi_latent_attention)
+        return "RT039";
+    if (m.pipeline_model_parallel_size > 1)
+        return "RT043";
+    if (m.mtp_num_layers.value_or(0) > 0 || m.share_embeddings_and_output_weights ||
+        recomputes_module(m, RecomputeModule::kLayernorm))
+        return "RT041";
+    if (is_moe(m) && (m.moe_aux_loss_coeff > 0 || m.moe_z_loss_coeff.value_or(0) > 0 ||
+                      m.moe_router_enable_expert_bias))
+        return "RT042";
+    if (is_moe(m) && !m.sequence_parallel)
+        return "RT040";
+    return "";
+}
+
 const std::vector<FeatureRow>& rows() {
     using C = const Config&;
     using RC = RuntimeCapabilities;
     static const std::vector<FeatureRow> table = {
         {{"RT001", "tensor parallelism (TP > 1)", &RC::tensor_parallel},
          [](C c) {
-             return when(c.model.tensor_model_parallel_size > 1, "model.tensor_model_parallel_size",
+             // Its combinations that do not run have ids of their own (RT039-RT043).
+             return when(c.model.tensor_model_parallel_size > 1 && tp_combination(c).empty(),
+                         "model.tensor_model_parallel_size",
                          show(c.model.tensor_model_parallel_size));
          },
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
@@ -54,7 +78,8 @@ const std::vector<FeatureRow>& rows() {
              return when(
                  c.model.pipeline_model_parallel_size > 1 &&
                      !c.model.share_embeddings_and_output_weights &&
-                     !interleaved_partial_group(c) && c.model.mtp_num_layers.value_or(0) == 0,
+                     !interleaved_partial_group(c) && c.model.mtp_num_layers.value_or(0) == 0 &&
+                     c.model.tensor_model_parallel_size <= 1,
                  "model.pipeline_model_parallel_size", show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
@@ -84,8 +109,10 @@ const std::vector<FeatureRow>& rows() {
          "set model.mtp_num_layers=1 (or null)"},
         {{"RT007", "multi-latent attention", &RC::multi_latent_attention},
          [](C c) {
-             // With a rope type other than plain rope it has an id of its own (RT034).
-             return when(c.model.multi_latent_attention && c.model.rope_type == "rope",
+             // With a rope type other than plain rope it has an id of its own (RT034), with
+             // tensor parallelism too (RT039).
+             return when(c.model.multi_latent_attention && c.model.rope_type == "rope" &&
+                             c.model.tensor_model_parallel_size <= 1,
                          "model.multi_latent_attention", "true");
          },
          "set model.multi_latent_attention=false"},
@@ -331,6 +358,61 @@ const std::vector<FeatureRow>& rows() {
                          "model.recompute_granularity", "full");
          },
          "use model.recompute_granularity=selective, or model.mtp_num_layers=null"},
+        // Tensor parallelism (RT001) runs for GQA attention, the dense MLP, the vocabulary and MoE
+        // layers at ETP 1 (model/gpt_model.h); these combinations with it do not.
+        {{"RT039", "multi-latent attention with tensor parallelism", &RC::tp_mla},
+         [](C c) {
+             return when(tp_combination(c) == "RT039", "model.multi_latent_attention", "true");
+         },
+         "set model.tensor_model_parallel_size=1 (-tp 1), or use GQA attention"},
+        // Megatron-Core's MoE layer raises for it too; the model's MoE block expects the rank's
+        // rows, which only the sequence-parallel split gives each TP rank.
+        {{"RT040", "MoE layers with tensor parallelism but without sequence parallelism",
+          &RC::tp_moe_without_sp},
+         [](C c) { return when(tp_combination(c) == "RT040", "model.sequence_parallel", "false"); },
+         "set model.sequence_parallel=true (-tp N sets it), or "
+         "model.tensor_model_parallel_size=1"},
+        {{"RT041",
+          "multi-token prediction, tied embeddings or the layernorm recompute with tensor "
+          "parallelism",
+          &RC::tp_model_features},
+         [](C c) -> std::optional<Use> {
+             if (tp_combination(c) != "RT041")
+                 return std::nullopt;
+             if (c.model.mtp_num_layers.value_or(0) > 0)
+                 return Use{"model.mtp_num_layers", show(*c.model.mtp_num_layers)};
+             if (c.model.share_embeddings_and_output_weights)
+                 return Use{"model.share_embeddings_and_output_weights", "true"};
+             return when(recomputes_module(c.model, RecomputeModule::kLayernorm),
+                         "model.recompute_modules", "layernorm");
+         },
+         "set model.tensor_model_parallel_size=1 (-tp 1), or drop the feature (mtp_num_layers="
+         "null, share_embeddings_and_output_weights=false, layernorm out of recompute_modules)"},
+        // Under sequence parallelism each TP rank routes its own rows: Megatron-Core takes the
+        // aux and z losses' token statistics and the expert-bias counts over the TP (x CP) group;
+        // this runtime takes them over the rank's rows, so it refuses them rather than train a
+        // different objective.
+        {{"RT042", "the router's aux loss, z loss or expert bias with tensor parallelism",
+          &RC::tp_router_losses},
+         [](C c) -> std::optional<Use> {
+             if (tp_combination(c) != "RT042")
+                 return std::nullopt;
+             if (c.model.moe_aux_loss_coeff > 0)
+                 return Use{"model.moe_aux_loss_coeff", show(c.model.moe_aux_loss_coeff)};
+             if (c.model.moe_z_loss_coeff.value_or(0) > 0)
+                 return Use{"model.moe_z_loss_coeff", show(*c.model.moe_z_loss_coeff)};
+             return when(c.model.moe_router_enable_expert_bias,
+                         "model.moe_router_enable_expert_bias", "true");
+         },
+         "set model.moe_aux_loss_coeff=0, model.moe_z_loss_coeff=null and "
+         "model.moe_router_enable_expert_bias=false, or model.tensor_model_parallel_size=1"},
+        // Runs now (the stages' transfers carry the rank's rows; PipelineTensorParallel test).
+        {{"RT043", "tensor parallelism with pipeline parallelism", &RC::tp_pipeline},
+         [](C c) {
+             return when(tp_combination(c) == "RT043", "model.pipeline_model_parallel_size",
+                         show(c.model.pipeline_model_parallel_size));
+         },
+         "set model.pipeline_model_parallel_size=1, or model.tensor_model_parallel_size=1"},
     };
     return table;
 }
@@ -351,6 +433,10 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     // The last stage's embedding copy and the embedding group (model/gpt_model.h).
     caps.pipeline_tied_embeddings = true;
     caps.pipeline_mtp = true;
+    // model/gpt_model.h (GptShape::tp_size, sequence_parallel), train/optimizer.h (TP sums).
+    caps.tensor_parallel = true;
+    caps.sequence_parallel = true;
+    caps.tp_pipeline = true;  // tests/train/tensor_parallel_mpi_test.cpp PipelineTensorParallel
     return caps;
 }
 

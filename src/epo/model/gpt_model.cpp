@@ -175,29 +175,35 @@ GptModel::GptModel(const GptShape& shape)
         expert_params_.insert(expert_params_.end(), p.expert.begin(), p.expert.end());
     }
     if (tp > 1) {
+        // Replicated: every TP rank holds the whole tensor (the norms, the router, the shared
+        // expert); the TP group sums the gradients of those each rank computes from its own share
+        // of the work (its heads; under SP its rows).
         const bool sp = shape.sequence_parallel;
+        auto replicated = [&](Param& p, bool summed) {
+            tp_replicated_params_.push_back(&p);
+            if (summed)
+                tp_summed_params_.push_back(&p);
+        };
         for (int64_t l = 0; l < shape.num_layers; ++l) {
             if (!shape.holds(l))
                 continue;
             LayerParams& p = layers_[static_cast<size_t>(l)];
+            replicated(p.input_norm, sp);
             if (shape.attn.qk_layernorm) {
-                tp_summed_params_.push_back(&p.attn.q_norm);
-                tp_summed_params_.push_back(&p.attn.k_norm);
+                replicated(p.attn.q_norm, true);
+                replicated(p.attn.k_norm, true);
             }
-            if (!sp)
-                continue;
-            tp_summed_params_.push_back(&p.input_norm);
-            tp_summed_params_.push_back(&p.pre_mlp_norm);
+            replicated(p.pre_mlp_norm, sp);
             if (layer_shapes_[static_cast<size_t>(l)].is_moe) {
-                tp_summed_params_.push_back(&p.moe.router.weight);
+                replicated(p.moe.router.weight, sp);
                 if (shape.moe.shared_expert_size > 0) {
-                    tp_summed_params_.push_back(&p.moe.shared.fc1);
-                    tp_summed_params_.push_back(&p.moe.shared.fc2);
+                    replicated(p.moe.shared.fc1, sp);
+                    replicated(p.moe.shared.fc2, sp);
                 }
             }
         }
-        if (sp && shape.holds(shape.num_layers))
-            tp_summed_params_.push_back(&final_norm_);
+        if (shape.holds(shape.num_layers))
+            replicated(final_norm_, sp);
     }
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
     if (any_moe) {

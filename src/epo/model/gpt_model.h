@@ -238,6 +238,10 @@ public:
     // (the rank's rows). Empty at TP 1. (The experts see the rank's rows too; their gradients
     // are summed by the expert-data-parallel group, which contains the TP group at ETP 1.)
     const std::vector<Param*>& tp_summed_params() const { return tp_summed_params_; }
+    // Tensor parallelism: the dense parameters every TP rank holds whole (norms, router, shared
+    // expert; a superset of tp_summed_params()), which the gradient norm counts once; the other
+    // dense parameters are TP shards. Empty at TP 1.
+    const std::vector<Param*>& tp_replicated_params() const { return tp_replicated_params_; }
     // The parameters at one model position (schedule.h: -1 the embedding, 0..L-1 the layers, L
     // the final norm and output layer), whose gradients are final once the last micro-batch's
     // backward has passed that position. With tied embeddings the output layer's weight is the
@@ -345,7 +349,7 @@ private:
     Param final_norm_;
     Param output_;
     MtpParams mtp_;  // with mtp_num_layers = 1
-    std::vector<Param*> dense_params_, expert_params_, tp_summed_params_;
+    std::vector<Param*> dense_params_, expert_params_, tp_summed_params_, tp_replicated_params_;
     std::unique_ptr<moe::TokenDispatcher> dispatcher_;  // with MoE layers
 
     std::vector<MicroBatch> micro_batches_;  // one per micro-batch of the step (grown, kept)

@@ -94,11 +94,37 @@ double sum_squares(const OptimizerState& state, size_t begin, size_t end, comm::
     return sum;
 }
 
+// The dense term at TP > 1: the replicated parameters' parts once, the sharded ones' summed over
+// the TP group in rank order. Each kind's parts keep their places (the other kind's are exact
+// zeros), so the stages' gather and the order of the sum are those of sum_squares.
+double tp_dense_squares(const OptimizerState& state, comm::ProcessGroups& groups) {
+    const size_t num_dense = state.num_dense;
+    const int g = groups.dp.size();
+    const std::vector<double> parts = square_parts(state, 0, num_dense, groups.dp);
+    std::vector<double> replicated(parts.size(), 0.0), sharded(parts.size(), 0.0);
+    for (size_t j = 0; j < num_dense; ++j) {
+        std::vector<double>& to = state.tp_replicated[j] ? replicated : sharded;
+        for (int r = 0; r < g; ++r)
+            to[j * g + r] = parts[j * g + r];
+    }
+    double sums[2] = {0, 0};
+    for (int kind = 0; kind < 2; ++kind) {
+        std::vector<double> v = kind == 0 ? replicated : sharded;
+        if (!state.norm_slots.empty())
+            v = model_parts(state, v, 0, num_dense, state.num_model_dense, g, groups.pp);
+        for (double x : v)
+            sums[kind] += x;
+    }
+    return sums[0] + group_sum(groups.tp, sums[1]);
+}
+
 // The global norm (header formula) from the squares square_grads took.
 double global_grad_norm(const OptimizerState& state, comm::ProcessGroups& groups) {
     const size_t num_params = state.params.size(), num_dense = state.num_dense;
     const double dense_sq =
-        sum_squares(state, 0, num_dense, groups.dp, state.num_model_dense, groups.pp);
+        state.tp_replicated.empty()
+            ? sum_squares(state, 0, num_dense, groups.dp, state.num_model_dense, groups.pp)
+            : tp_dense_squares(state, groups);
     double expert_sq =
         sum_squares(state, num_dense, num_params, groups.edp, state.num_model_expert, groups.pp);
     // Dense gradients are identical on every rank; expert gradients differ across the EP group,
@@ -137,8 +163,9 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
     state.params = dense;
     state.params.insert(state.params.end(), expert.begin(), expert.end());
     state.num_dense = dense.size();
-    // TP = CP = 1 at run time (runtime-support checks): every rank of a stage is a
-    // data-parallel rank, and the dp group is the stage's (the world without PP).
+    // CP = 1 at run time (RT003): the dp group is the stage's ranks of this rank's TP place
+    // (stage / TP of them), whose gradients are averaged; experts' too, as Megatron-Core scales
+    // expert gradients by the dense DP size.
     state.dp_size = groups.dp.size();
     state.distributed =
         config.use_distributed_optimizer && (groups.dp.size() > 1 || groups.edp.size() > 1);
@@ -160,11 +187,43 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
     return state;
 }
 
+bool OptimizerState::tp_summed_param(const Param* p) const {
+    return std::binary_search(tp_summed.begin(), tp_summed.end(), p);
+}
+
+void set_tensor_parallel(OptimizerState& state, const std::vector<Param*>& summed,
+                         const std::vector<Param*>& replicated) {
+    state.tp_summed.assign(summed.begin(), summed.end());
+    std::sort(state.tp_summed.begin(), state.tp_summed.end());
+    state.tp_replicated.clear();
+    if (summed.empty() && replicated.empty())
+        return;
+    state.tp_replicated.assign(state.num_dense, false);
+    for (size_t i = 0; i < state.num_dense; ++i) {
+        state.tp_replicated[i] =
+            std::find(replicated.begin(), replicated.end(), state.params[i]) != replicated.end();
+    }
+    for (const Param* p : summed) {
+        const auto it = std::find(state.params.begin(), state.params.begin() + state.num_dense, p);
+        EPO_CHECK(it != state.params.begin() + state.num_dense &&
+                      state.tp_replicated[static_cast<size_t>(it - state.params.begin())],
+                  "TP-summed parameter {} is not a replicated dense parameter", p->name);
+    }
+}
+
 void reduce_grads(const OptimizerState& state, const std::vector<Param*>& dense,
                   const std::vector<Param*>& expert, comm::ProcessGroups& groups) {
     auto grad_of = [](Param* p) {
         return std::span(p->main_grad.data<float>(), static_cast<size_t>(p->main_grad.numel()));
     };
+    // Why first: the DP sum (or reduce-scatter) must add whole-sequence gradients; the TP ranks'
+    // shares are summed before, so both optimizers see the same sums.
+    if (groups.tp.size() > 1) {
+        for (Param* p : dense) {
+            if (state.tp_summed_param(p))
+                groups.tp.all_reduce_sum(grad_of(p));
+        }
+    }
     for (auto [params, group] : {std::pair{&dense, &groups.dp}, std::pair{&expert, &groups.edp}}) {
         if (group->size() <= 1)
             continue;

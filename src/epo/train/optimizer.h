@@ -19,9 +19,18 @@
 // subset of the parameters: element-wise work gives the same bits whatever the grouping, and the
 // norm adds its terms in one fixed order whatever order the squares were taken in.
 //
+// Tensor parallelism (TP > 1): before the data-parallel sum the TP group sums the gradients of
+// the dense parameters each TP rank holds whole but computes from its own share of the work
+// (GptModel::tp_summed_params: q/k norms, and under sequence parallelism the norms, the router
+// and the shared expert), as Megatron-Core's finalize_model_grads does; the experts (ETP 1) are
+// whole on their EP rank and need no TP sum.
+//
 // Global norm, written out (g = gradient / DP after the data-parallel sum):
-//   norm^2 = sum over dense params and shards of sum(g^2)      (identical on every rank)
+//   norm^2 = sum over replicated dense params and shards of sum(g^2)     (identical on every rank)
+//          + sum over TP ranks t of (sum over t's sharded dense params and shards of sum(g^2))
 //          + sum over EP ranks r of (sum over r's expert params and shards of sum(g^2))
+// (at TP 1 every dense parameter counts as replicated), each TP rank's and EP rank's total added
+// in rank order, as Megatron-Core counts a TP-duplicated parameter once and a sharded one per rank.
 // each (parameter, shard) sum taken by scale_and_sum_squares, the terms added in (parameter,
 // shard) order and the EP ranks' totals in rank order, so every layout gets the same bits.
 // With pipeline parallelism each stage holds some parameters: every (parameter, shard) term is
@@ -83,6 +92,13 @@ struct OptimizerState {
     // embedding's after sum_embedding_grads: the reference counts a shared weight once).
     std::vector<int> norm_slots;
     int num_model_dense = 0, num_model_expert = 0;
+    // Tensor parallelism (set_tensor_parallel; empty at TP 1): the dense parameters whose
+    // gradients the TP group sums (ascending addresses), and per parameter index whether every TP
+    // rank holds the same values (counted once in the norm) or its own shard (summed over TP).
+    std::vector<const Param*> tp_summed;
+    std::vector<bool> tp_replicated;
+
+    bool tp_summed_param(const Param* p) const;
 
     comm::Communicator& group_of(size_t i, comm::ProcessGroups& groups) const {
         return i >= num_dense ? groups.edp : groups.dp;
@@ -96,7 +112,14 @@ OptimizerState make_optimizer_state(const std::vector<Param*>& dense,
                                     const comm::ProcessGroups& groups,
                                     const OptimizerConfig& config);
 
-// Sums gradients over the data-parallel ranks: dense over dp, experts over edp. One blocking
+// Tensor parallelism: `summed` and `replicated` are GptModel::tp_summed_params() and
+// tp_replicated_params() (dense parameters of `state`). Nothing changes when both are empty.
+void set_tensor_parallel(OptimizerState& state, const std::vector<Param*>& summed,
+                         const std::vector<Param*>& replicated);
+
+// Sums the gradients of the tp_summed parameters among `dense` over groups.tp (an all-reduce,
+// fp32 in group-rank order: the same bits on every TP rank), then sums gradients over the
+// data-parallel ranks: dense over dp, experts over edp. One blocking
 // collective per parameter, whichever stream runs it, so the sums are the same with and without
 // bucketed overlap: an all-reduce, or with the distributed optimizer a reduce-scatter, which sums
 // this rank's shard exactly as the all-reduce does.

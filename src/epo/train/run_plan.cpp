@@ -25,7 +25,14 @@ RunPlan resolve_run(const config::Config& cfg, int world_size, int world_rank) {
     r.stage = world_rank / r.stage_size;
     r.rank_in_stage = world_rank % r.stage_size;
     r.num_micro_batches = config::num_microbatches(cfg);
+    // The expert groups' order etp-ep-edp-pp with ETP 1 (the runtime refuses more, RT004) puts
+    // EP innermost in a stage, the dense order tp-cp-dp-pp TP innermost (comm/topology.h): a
+    // rank's EP and TP places are its place in the stage modulo each.
+    const int tp_size = cfg.model.tensor_model_parallel_size;
     r.shape = model::gpt_shape_from_config(cfg, ep_size, r.rank_in_stage % ep_size, r.stage);
+    r.shape.tp_size = tp_size;
+    r.shape.tp_rank = r.rank_in_stage % tp_size;
+    r.shape.sequence_parallel = tp_size > 1 && cfg.model.sequence_parallel;
     r.step = make_step_plan(cfg, r.shape);
     r.groups = comm::ParallelLayout{
         .world_size = world_size,

@@ -69,10 +69,14 @@ Trainer::Trainer(const RunPlan& run, TrainerOptions options)
               "the step plan's DP {} / EDP {} are the groups' {} / {}", plan_.dp_size,
               plan_.edp_size, groups.dp.size(), groups.edp.size());
 
+    // The data rank is the DP coordinate: the TP ranks of a DP rank read the same micro-batches.
+    dp_rank_ = groups.dp.rank();
+
     model_ = std::make_unique<model::GptModel>(run.shape);
     model_->init_weights(static_cast<uint64_t>(cfg_.train.seed));
     optimizer_ = make_optimizer_state(model_->dense_params(), model_->expert_params(), groups,
                                       optimizer_config_);
+    set_tensor_parallel(optimizer_, model_->tp_summed_params(), model_->tp_replicated_params());
     EPO_CHECK_EQ(optimizer_.distributed, plan_.distributed_optimizer);
     if (run.groups.pipeline_model_parallel_size > 1)
         set_norm_slots();
@@ -86,8 +90,11 @@ Trainer::Trainer(const RunPlan& run, TrainerOptions options)
         ParamBucket& b = buckets_.emplace_back();
         for (int position : planned.positions) {
             const model::GptModel::PositionParams p = model_->params_at(position);
-            if (plan_.dp_size > 1)
-                b.dense.insert(b.dense.end(), p.dense.begin(), p.dense.end());
+            // At DP 1 a bucket still takes the gradients the TP group sums (reduce_grads).
+            for (Param* d : p.dense) {
+                if (plan_.dp_size > 1 || optimizer_.tp_summed_param(d))
+                    b.dense.push_back(d);
+            }
             if (plan_.edp_size > 1)
                 b.expert.insert(b.expert.end(), p.expert.begin(), p.expert.end());
         }
@@ -215,7 +222,7 @@ StepResult Trainer::step() {
     for (int mb = 0; mb < n; ++mb) {
         const MicroBatchPosition pos{.step = steps_done_,
                                      .micro_batch = mb,
-                                     .dp_rank = rank_in_stage_,
+                                     .dp_rank = dp_rank_,
                                      .dp_size = plan_.dp_size,
                                      .micro_batch_size = s.micro_batch_size,
                                      .global_batch_size = config::global_batch_size(cfg_)};

@@ -84,7 +84,7 @@ public:
     int world_rank() const { return world_rank_; }
     int world_size() const { return world_size_; }
     // Pipeline parallelism: this rank's stage (0 without PP) and its place inside the stage (its
-    // data-parallel rank; the world rank without PP).
+    // data-parallel rank at TP 1; the world rank without PP).
     int stage() const { return stage_; }
     int rank_in_stage() const { return rank_in_stage_; }
     int64_t num_micro_batches() const { return num_micro_batches_; }
@@ -140,6 +140,7 @@ private:
     int world_size_ = 1;
     int stage_ = 0;
     int rank_in_stage_ = 0;
+    int dp_rank_ = 0;  // the DP coordinate (groups.dp's rank): which micro-batches it reads
     int64_t num_micro_batches_ = 1;
     int64_t steps_done_ = 0;
     double step_flops_ = 0;
