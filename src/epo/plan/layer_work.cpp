@@ -55,6 +55,7 @@ void attention_work(const PlanModel& m, ForwardWork& w) {
         // softmax over the scores, unless fused (flash attention)
         + (m.fused_attention ? 0.0 : B * A / tp * S / cp * S * (8 + c) * m.attention_fraction);
     w.tp_collectives += 2;  // gather before the projections, scatter (reduce) after
+    w.tp_gathers += 1;
 }
 
 // The MLP of a layer: routed experts (a chunk's share), or dense.
@@ -86,6 +87,7 @@ void mlp_work(const PlanModel& m, const NodeCall& call, bool moe, double part, F
         w.weight_gemms.push_back({Tc, H, F});
         w.elementwise_bytes += Tc * 3 * F * c;
         w.tp_collectives += 2;
+        w.tp_gathers += 1;
     }
 }
 
@@ -142,16 +144,22 @@ double chunk_share(const PlanModel& m, const NodeCall& call) {
 }
 
 namespace {
-// The shared expert's forward: fc1 (Tc, 2 Fs, H), fc2 (Tc, H, Fs), SwiGLU.
+// The shared expert's forward: fc1 (Tc, 2 Fs / TP, H), fc2 (Tc, H, Fs / TP), SwiGLU, between a
+// gather and a reduce-scatter over TP (Megatron-Core's SharedExpertMLP); the epo runtime runs it
+// whole on the rank's Ts rows (epo_runtime_tp).
 void plan_shared_expert_work(const PlanModel& m, ForwardWork& w) {
     const model::GptShape& s = m.shape;
     const double c = static_cast<double>(m.compute_bytes), H = static_cast<double>(s.hidden);
-    const double Tc = static_cast<double>(s.tokens()) / m.cp_size;
-    const double Fs = static_cast<double>(s.moe.shared_expert_size) / m.tp_size;
-    w.weight_gemms.push_back({Tc, 2 * Fs, H});
-    w.weight_gemms.push_back({Tc, H, Fs});
-    w.elementwise_bytes += Tc * 3 * Fs * c;
-    w.tp_collectives += 2;
+    const bool split = !m.epo_runtime_tp;
+    const double rows = split ? static_cast<double>(s.tokens()) / m.cp_size : sharded_tokens(m);
+    const double Fs = static_cast<double>(s.moe.shared_expert_size) / (split ? m.tp_size : 1);
+    w.weight_gemms.push_back({rows, 2 * Fs, H});
+    w.weight_gemms.push_back({rows, H, Fs});
+    w.elementwise_bytes += rows * 3 * Fs * c;
+    if (split) {
+        w.tp_collectives += 2;
+        w.tp_gathers += 1;
+    }
 }
 }  // namespace
 
@@ -216,6 +224,18 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
             // final norm, softmax + CE
             w.elementwise_bytes += heads * (Ts * H * (4 + c) + Tc * V * (8 + c));
             w.tp_collectives += heads;  // gather before the output layer
+            w.tp_gathers += heads;
+            // The vocabulary-parallel cross-entropy over TP (per token, fp32): Megatron-Core
+            // all-reduces the maxima, the label's logits and the sums of exponentials, 3 x
+            // 2 (TP-1)/TP x 4 bytes a token; the epo runtime all-gathers the maxima ((TP-1) x 4)
+            // and all-reduces the other two. Equal at TP 2.
+            if (m.tp_size > 1) {
+                const double g = m.tp_size;
+                const double per_token = m.epo_runtime_tp ? ((g - 1) + 2 * 2 * (g - 1) / g) * 4
+                                                          : 3 * 2 * (g - 1) / g * 4;
+                w.tp_loss_bytes += heads * Tc * per_token;
+                w.tp_loss_collectives += 3 * heads;
+            }
             break;
         }
         default:
