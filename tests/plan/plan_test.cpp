@@ -632,24 +632,39 @@ TEST(Plan, HostLaunchesBoundAScheduleTheGpuOutruns) {
     EXPECT_NEAR(e.step_time_s, e.host_launch_s + e.optimizer_s, 1e-9);
 }
 
-// MTP (1 depth) on the output call: the projection (T, H, 2H), a layer like the last, and a
-// second output head: the forward's products grow by exactly those.
-TEST(PlanCost, MultiTokenPredictionAddsItsLayerAndHeadToTheOutput) {
+// MTP (1 depth): its transformer layer is the model's last position (GptShape: layer 48 after
+// qwen3-30b-a3b's 48), with its own calls in the step plan, like the decoder's last layer plus the
+// projection (T, H, 2H) on its pre_dispatch; the output call adds only the MTP's output head. The
+// layer is charged once: an earlier plan also charged it inside the output call (issue #37, row 4).
+TEST(PlanCost, MultiTokenPredictionAddsItsLayerOnceAndItsHeadToTheOutput) {
     const auto flops = [](const NodeWork& w) {
         double f = 0;
         for (const Gemm& g : w.gemms)
             f += 2 * g.m * g.n * g.k * g.count;
         return f;
     };
-    const PlanModel none = plan_model_of(finalized({}));
-    const PlanModel mtp = plan_model_of(finalized({"model.mtp_num_layers=1"}));
+    const config::Config none_cfg = finalized({});
+    const config::Config mtp_cfg = finalized({"model.mtp_num_layers=1"});
+    const PlanModel none = plan_model_of(none_cfg);
+    const PlanModel mtp = plan_model_of(mtp_cfg);
+    ASSERT_EQ(mtp.shape.num_layers, 49);
+    ASSERT_TRUE(mtp.shape.is_mtp_layer(48));
     const NodeCall out{0, -1, schedule::NodeKind::kOutput, schedule::Phase::kForward};
     const NodeCall pre{0, 47, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
     const NodeCall mlp{0, 47, schedule::NodeKind::kMlp, schedule::Phase::kForward};
+    const NodeCall mtp_pre{0, 48, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
+    const NodeCall mtp_mlp{0, 48, schedule::NodeKind::kMlp, schedule::Phase::kForward};
     const double head = flops(node_work(none, out));
-    const double layer = flops(node_work(none, pre)) + flops(node_work(none, mlp));
     const double proj = 2.0 * 4096 * 2048 * 4096;
-    EXPECT_NEAR(flops(node_work(mtp, out)), 2 * head + layer + proj, 1e-6 * head);
+    EXPECT_NEAR(flops(node_work(mtp, out)), 2 * head, 1e-6 * head);
+    EXPECT_NEAR(flops(node_work(mtp, mtp_pre)), flops(node_work(none, pre)) + proj, 1e-6 * proj);
+    EXPECT_NEAR(flops(node_work(mtp, mtp_mlp)), flops(node_work(none, mlp)), 1e-6 * proj);
+    // The step plan issues the MTP layer's calls (its dispatch and combine on the comm stream).
+    const model::GptShape shape = model::gpt_shape_from_config(mtp_cfg, 16, 0);
+    int mtp_calls = 0;
+    for (const NodeCall& c : train::make_step_plan(mtp_cfg, shape).calls)
+        mtp_calls += c.layer == 48 && c.node == schedule::NodeKind::kDispatch ? 1 : 0;
+    EXPECT_GT(mtp_calls, 0);
 }
 
 }  // namespace

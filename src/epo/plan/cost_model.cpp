@@ -63,10 +63,6 @@ void add_serial_comm(const PlanModel& m, const ForwardWork& f, bool backward, No
         w.serial_bytes += group_bytes(cp_times * f.cp_bytes, m.cp_crosses_nodes);
         w.num_serial_collectives += static_cast<int>(cp_times) * (m.cp_size - 1);
     }
-    if (f.moe_bytes.inter_sent + f.moe_bytes.intra_sent > 0) {
-        w.serial_bytes += f.moe_bytes;  // an MTP layer's dispatch (2 collectives) and combine
-        w.num_serial_collectives += 3;
-    }
 }
 
 // Forward: the products once. Backward: input and weight gradients (twice the weight products,
@@ -458,6 +454,16 @@ OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
     };
     reduce(dense, m.dp_size, m.dp_crosses_nodes);
     reduce(expert, m.edp_size, m.edp_crosses_nodes);
+    if (m.shape.has_embedding_copies() && (m.shape.holds(-1) || m.shape.holds_embedding_copy())) {
+        // The word embedding's two copies (the first stage's, the last stage's for MTP or tied
+        // output weights): their gradients summed over the embedding group (Megatron-Core's
+        // _allreduce_word_embedding_grads, after the data-parallel reduction, the whole fp32
+        // gradient; the epo runtime's embedding group likewise), 2 ranks: V H / TP x 4 bytes.
+        o.embedding_bytes = static_cast<double>(m.shape.vocab) *
+                            static_cast<double>(m.shape.hidden) / m.tp_size * 4;
+        w.bytes += group_bytes(o.embedding_bytes, m.pp_crosses_nodes);
+        ++w.num_collectives;
+    }
     if (m.tp_summed_elements > 0) {
         // The TP group's sums of replicated gradients, one coalesced fp32 all-reduce.
         o.tp_bytes = m.tp_summed_elements * 4 * 2 * (m.tp_size - 1.0) / m.tp_size;

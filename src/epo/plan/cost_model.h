@@ -77,8 +77,9 @@
 //   host     the host launches every call one after another: an overlap schedule takes at
 //            least the sum of every compute call's launch cost and comm_launch_us per
 //            communication call (plan.cpp); a GPU fast enough makes that the step
-//   MTP      each depth: a projection (Tc, H, 2H), one layer like the last, an output head and
-//            loss, on the last stage's output call (an MoE layer's dispatch and combine there too)
+//   MTP      each depth: one layer like the last, the model's last position (its own calls in
+//            the step plan), its pre_dispatch with the shifted tokens' embedding lookup, enorm,
+//            hnorm and the projection (Tc, H, 2H); an output head and loss on the output call
 //
 // Deliberately not modelled: load
 // imbalance between the experts of one rank (only the ranks' totals count) or between the
@@ -231,11 +232,13 @@ double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes);
 
 // The optimizer step (after every call, on the compute stream): Adam over this rank's shard,
 // the reductions the schedule did not bucket, the TP group's sums of replicated gradients, the
-// loss and grad-norm all-reduces.
+// embedding group's sum of the embedding copies' gradients, the loss and grad-norm all-reduces.
 struct OptimizerWork {
     double elementwise_bytes = 0;
     NodeWork collectives;
     double tp_bytes = 0;  // of collectives: the TP group's gradient sums, sent by this rank
+    // Of collectives: the embedding group's sum of the word embedding copies' gradients.
+    double embedding_bytes = 0;
 };
 OptimizerWork optimizer_work(const PlanModel& model, const train::StepPlan& plan);
 

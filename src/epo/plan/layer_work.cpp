@@ -177,6 +177,13 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
             w.tp_collectives = 1;                    // the vocabulary-parallel lookup's reduction
             break;
         case NodeKind::kPreDispatch: {
+            if (s.is_mtp_layer(call.layer)) {
+                // The MTP layer first looks up the shifted tokens' embeddings, normalizes them
+                // and the hidden state (enorm, hnorm) and projects their concatenation
+                // (Tc, H, 2H) back to H.
+                w.elementwise_bytes += Ts * H * (c + 4) + 2 * Ts * H * (4 + c);
+                w.weight_gemms.push_back({Tc, H, 2 * H / m.tp_size});
+            }
             attention_work(m, w);
             if (moe) {
                 w.weight_gemms.push_back({.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
@@ -197,29 +204,10 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
             break;
         case NodeKind::kOutput: {
             const double V = static_cast<double>(s.vocab) / m.tp_size;
-            // Each multi-token-prediction depth (on the last stage, before the loss): the
-            // embedding and hidden state concatenated and projected (Tc, H, 2H), one
-            // transformer layer like the last one (its dispatch and combine on this call), and
-            // its own output head and loss.
+            // Each multi-token-prediction depth adds its own output head and loss here (the
+            // runtime's output call runs them); its transformer layer is a layer of the schedule
+            // (GptShape's last position: its own pre_dispatch, dispatch, mlp and combine calls).
             const double heads = 1 + m.mtp_num_layers;
-            for (int i = 0; i < m.mtp_num_layers; ++i) {
-                const int last = static_cast<int>(s.num_layers) - 1;
-                NodeCall layer = call;
-                layer.layer = last;
-                layer.node = NodeKind::kPreDispatch;
-                attention_work(m, w);
-                w.weight_gemms.push_back({Tc, H, 2 * H / m.tp_size});
-                const bool last_moe = last >= 0 && s.moe_layers[static_cast<size_t>(last)];
-                if (last_moe) {
-                    w.weight_gemms.push_back(
-                        {.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
-                    w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
-                    w.moe_bytes += routed_bytes(m, H * c + 4);
-                    w.moe_bytes += routed_bytes(m, H * c);
-                }
-                layer.node = NodeKind::kMlp;
-                mlp_work(m, layer, last_moe, 1, w);
-            }
             w.weight_gemms.push_back({.m = Tc, .n = V, .k = H, .count = heads, .keeps_bf16 = true});
             // final norm, softmax + CE
             w.elementwise_bytes += heads * (Ts * H * (4 + c) + Tc * V * (8 + c));

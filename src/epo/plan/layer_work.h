@@ -29,8 +29,7 @@ struct ForwardWork {
     // sums of exponentials, the label's logit: fp32), bytes this rank sends, forward only.
     double tp_loss_bytes = 0;
     double tp_loss_collectives = 0;
-    comm::ByteCounts moe_bytes;  // an MTP layer's dispatch and combine (no node of their own)
-    double cp_bytes = 0;         // CP: the other CP ranks' keys and values this rank receives
+    double cp_bytes = 0;  // CP: the other CP ranks' keys and values this rank receives
 };
 
 // Ts: the tokens a rank routes and normalizes.
