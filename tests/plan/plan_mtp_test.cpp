@@ -9,6 +9,7 @@
 #include "epo/config/builder.h"
 #include "epo/config/validate.h"
 #include "epo/plan/cost_model.h"
+#include "epo/plan/gpu_memory.h"
 #include "epo/plan/hardware.h"
 #include "epo/train/step_plan.h"
 
@@ -52,6 +53,18 @@ TEST(PlanMtp, EmbeddingCopiesSumTheirGradientsOverTheEmbeddingGroup) {
     config::Config one_stage = cfg;
     one_stage.model.pipeline_model_parallel_size = 1;
     EXPECT_EQ(stage_optimizer(one_stage, 0).embedding_bytes, 0);
+}
+
+// The memory model counts the copy too: with untied weights the last stage holds the output layer
+// and the embedding copy, with tied ones a single copy serves both; the first stage holds one
+// embedding either way. Untied - tied = V x H x 2 bytes of bf16 weights on the last stage only.
+TEST(PlanMtp, LastStageWeightsHoldTheEmbeddingCopy) {
+    const config::Config untied = mtp_pipeline();
+    config::Config tied = untied;
+    tied.model.share_embeddings_and_output_weights = true;
+    const GpuMemory a = estimate_gpu_memory(untied), b = estimate_gpu_memory(tied);
+    EXPECT_EQ(a.stages[1].weights - b.stages[1].weights, 151936.0 * 2048 * 2);
+    EXPECT_EQ(a.stages[0].weights, b.stages[0].weights);
 }
 
 }  // namespace
