@@ -37,24 +37,31 @@ comm::ByteCounts group_bytes(double bytes, bool crosses_nodes) {
     return b;
 }
 
-// TP and CP collectives of a call's forward (`cp_times` of the CP bytes: 2 in the backward, which
-// also sends the key and value gradients back), on their links.
-void add_serial_comm(const PlanModel& m, const ForwardWork& f, double cp_times, NodeWork& w) {
+// TP and CP collectives of a call's forward or backward (`backward`: the CP bytes twice, the key
+// and value gradients going back), on their links. TP with SP: each collective moves (TP-1)/TP of
+// a (Tc, H) tensor per rank, the forward's gathers in the compute dtype, its reductions and every
+// backward collective in tp_reduce_bytes; the loss's collectives with the forward.
+void add_serial_comm(const PlanModel& m, const ForwardWork& f, bool backward, NodeWork& w) {
     if (m.tp_size > 1 && f.tp_collectives > 0) {
         const double per = (m.tp_size - 1.0) / m.tp_size * static_cast<double>(m.shape.tokens()) /
-                           m.cp_size * static_cast<double>(m.shape.hidden) *
-                           static_cast<double>(m.compute_bytes);
-        w.serial_bytes += group_bytes(f.tp_collectives * per, m.tp_crosses_nodes);
+                           m.cp_size * static_cast<double>(m.shape.hidden);
+        const double c = static_cast<double>(m.compute_bytes);
+        const double bytes =
+            backward
+                ? per * f.tp_collectives * m.tp_reduce_bytes
+                : per * (f.tp_gathers * c + (f.tp_collectives - f.tp_gathers) * m.tp_reduce_bytes) +
+                      f.tp_loss_bytes;
+        w.serial_bytes += group_bytes(bytes, m.tp_crosses_nodes);
+        w.tp_bytes += bytes;
         w.num_serial_collectives += static_cast<int>(
             m.sequence_parallel ? f.tp_collectives : std::ceil(f.tp_collectives / 2));
+        if (!backward)
+            w.num_serial_collectives += static_cast<int>(f.tp_loss_collectives);
     }
+    const double cp_times = backward ? 2 : 1;
     if (m.cp_size > 1 && f.cp_bytes > 0) {
         w.serial_bytes += group_bytes(cp_times * f.cp_bytes, m.cp_crosses_nodes);
         w.num_serial_collectives += static_cast<int>(cp_times) * (m.cp_size - 1);
-    }
-    if (f.moe_bytes.inter_sent + f.moe_bytes.intra_sent > 0) {
-        w.serial_bytes += f.moe_bytes;  // an MTP layer's dispatch (2 collectives) and combine
-        w.num_serial_collectives += 3;
     }
 }
 
@@ -90,7 +97,7 @@ NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCal
         add_weights(f.weight_gemms, 1, GemmPass::kForward);
         add(f.act_gemms, 1, GemmPass::kForward);
         w.elementwise_bytes += f.elementwise_bytes;
-        add_serial_comm(m, f, 1, w);
+        add_serial_comm(m, f, false, w);
         return w;
     }
     if (call.phase == Phase::kBackward) {
@@ -100,11 +107,11 @@ NodeWork scale_for_phase(const ForwardWork& f, const PlanModel& m, const NodeCal
         add_weights(r.weight_gemms, 1, GemmPass::kForward);
         add(r.act_gemms, 1, GemmPass::kForward);
         w.elementwise_bytes += r.elementwise_bytes;
-        add_serial_comm(m, r, 1, w);
+        add_serial_comm(m, r, false, w);
         add_weights(f.weight_gemms, 1, GemmPass::kDgrad);
         add(f.act_gemms, 2, GemmPass::kDgrad);
         w.elementwise_bytes += 2 * f.elementwise_bytes;
-        add_serial_comm(m, f, 2, w);
+        add_serial_comm(m, f, true, w);
     }
     if (call.phase == Phase::kBackwardDw || !call.wgrad_delayed)
         add_weights(f.weight_gemms, 1, GemmPass::kWgrad);
@@ -163,6 +170,49 @@ double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes) {
     return (num_nodes - 1) * (1 - none_on_node);
 }
 
+namespace {
+// The gradient elements of this stage the TP group sums (an all-reduce in fp32 before the
+// data-parallel reduction). Megatron-Core's _allreduce_non_tensor_model_parallel_grads: with
+// sequence parallelism every parameter marked sequence_parallel (the norms, weight and bias for
+// LayerNorm; the router), and the q/k layernorms always. The epo
+// runtime (GptModel::tp_summed_params): its norms have a weight only, and the shared expert,
+// which it does not split, is summed whole.
+double plan_tp_summed_elements(const config::ModelConfig& mc, const PlanModel& m) {
+    if (m.tp_size <= 1)
+        return 0;
+    const model::GptShape& s = m.shape;
+    const double H = static_cast<double>(s.hidden);
+    const double norm = m.epo_runtime_tp || mc.normalization == config::Normalization::kRMSNorm
+                            ? 1.0
+                            : 2.0;  // LayerNorm's bias
+    const bool sp = m.sequence_parallel;
+    const auto layer = [&](int64_t l) {
+        double n = sp ? 2 * norm * H : 0;  // input and pre-MLP norms
+        if (s.attn.qk_layernorm && !m.mla)
+            n += 2 * norm * static_cast<double>(s.attn.head_dim);
+        if (sp && s.moe_layers[static_cast<size_t>(l)]) {
+            n += static_cast<double>(s.moe.num_experts) * H;  // the router
+            const double Fs = static_cast<double>(s.moe.shared_expert_size);
+            if (m.epo_runtime_tp)
+                n += 3 * Fs * H;  // fc1 (2 Fs, H), fc2 (H, Fs)
+        }
+        return n;
+    };
+    double total = 0;
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+        if (s.holds(l))
+            total += layer(l);
+    }
+    if (s.holds(s.num_layers)) {
+        total += sp ? norm * H : 0;  // the final norm
+        // Each MTP depth: its enorm, hnorm and final norm, and a layer like the last.
+        for (int i = 0; i < m.mtp_num_layers; ++i)
+            total += (sp ? 3 * norm * H : 0) + layer(s.num_layers - 1);
+    }
+    return total;
+}
+}  // namespace
+
 PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan,
                           const DeviceSpec& device, bool flex, const ExpertLoadImbalance& load,
                           int pipeline_rank) {
@@ -185,6 +235,12 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     m.etp_size = config::expert_tensor_parallel_size(mc);
     m.sequence_parallel = mc.sequence_parallel;
     m.tp_comm_overlap = mc.tp_comm_overlap;
+    if (device.id == "cpu") {
+        m.tp_reduce_bytes = 4;
+        m.epo_runtime_tp = true;
+    } else {
+        m.tp_reduce_bytes = static_cast<double>(m.compute_bytes);
+    }
     // Megatron-Core's rank order (tp, cp, ep/dp, pp from fastest): a group crosses nodes when
     // its stride times its size exceeds the node.
     m.tp_crosses_nodes = m.tp_size > per_node;
@@ -217,6 +273,7 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     m.layers_per_chunk = std::max(
         1, mc.num_layers / (mc.pipeline_model_parallel_size * config::virtual_pipeline_size(mc)));
     m.distributed_optimizer = plan.distributed_optimizer;
+    m.tp_summed_elements = plan_tp_summed_elements(mc, m);
     m.load_imbalance.assign(static_cast<size_t>(m.shape.num_layers), 1.0);
     int moe_index = 0;
     for (size_t l = 0; l < m.load_imbalance.size(); ++l) {
@@ -397,6 +454,22 @@ OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
     };
     reduce(dense, m.dp_size, m.dp_crosses_nodes);
     reduce(expert, m.edp_size, m.edp_crosses_nodes);
+    if (m.shape.has_embedding_copies() && (m.shape.holds(-1) || m.shape.holds_embedding_copy())) {
+        // The word embedding's two copies (the first stage's, the last stage's for MTP or tied
+        // output weights): their gradients summed over the embedding group (Megatron-Core's
+        // _allreduce_word_embedding_grads, after the data-parallel reduction, the whole fp32
+        // gradient; the epo runtime's embedding group likewise), 2 ranks: V H / TP x 4 bytes.
+        o.embedding_bytes = static_cast<double>(m.shape.vocab) *
+                            static_cast<double>(m.shape.hidden) / m.tp_size * 4;
+        w.bytes += group_bytes(o.embedding_bytes, m.pp_crosses_nodes);
+        ++w.num_collectives;
+    }
+    if (m.tp_summed_elements > 0) {
+        // The TP group's sums of replicated gradients, one coalesced fp32 all-reduce.
+        o.tp_bytes = m.tp_summed_elements * 4 * 2 * (m.tp_size - 1.0) / m.tp_size;
+        w.bytes += group_bytes(o.tp_bytes, m.tp_crosses_nodes);
+        ++w.num_collectives;
+    }
     return o;
 }
 

@@ -77,8 +77,9 @@
 //   host     the host launches every call one after another: an overlap schedule takes at
 //            least the sum of every compute call's launch cost and comm_launch_us per
 //            communication call (plan.cpp); a GPU fast enough makes that the step
-//   MTP      each depth: a projection (Tc, H, 2H), one layer like the last, an output head and
-//            loss, on the last stage's output call (an MoE layer's dispatch and combine there too)
+//   MTP      each depth: one layer like the last, the model's last position (its own calls in
+//            the step plan), its pre_dispatch with the shifted tokens' embedding lookup, enorm,
+//            hnorm and the projection (Tc, H, 2H); an output head and loss on the output call
 //
 // Deliberately not modelled: load
 // imbalance between the experts of one rank (only the ranks' totals count) or between the
@@ -151,6 +152,7 @@ struct NodeWork {
     // context-parallel all-gathers, reduce-scatters, all-reduces), per rank.
     comm::ByteCounts serial_bytes;
     int num_serial_collectives = 0;
+    double tp_bytes = 0;  // of serial_bytes: the TP group's, sent by this rank
 };
 
 // Everything a call's work depends on, from the finalized configuration and its step plan.
@@ -169,6 +171,19 @@ struct PlanModel {
     int tp_size = 1, cp_size = 1, etp_size = 1;
     bool sequence_parallel = false;
     bool tp_comm_overlap = false;  // TP collectives hidden under the GEMMs (latency stays)
+    // Bytes an element of the TP reductions and of every backward TP collective: the compute
+    // dtype in Megatron-Core (bf16 activations and their gradients); 4 in the epo runtime
+    // (env.gpu=cpu), whose sums and gradients are fp32 (model/tensor_parallel.h).
+    double tp_reduce_bytes = 2;
+    // TP as the epo runtime runs it (env.gpu=cpu) rather than as Megatron-Core does: the shared
+    // expert whole on the rank's Ts rows without collectives (Megatron-Core splits it over TP,
+    // a gather before it and a reduce-scatter after), the cross-entropy's maxima all-gathered
+    // (Megatron-Core all-reduces them).
+    bool epo_runtime_tp = false;
+    // Gradient elements the TP group sums before the data-parallel reduction (Megatron-Core's
+    // finalize_model_grads: the parameters replicated over TP that see the rank's own rows or
+    // heads); 0 at TP 1.
+    double tp_summed_elements = 0;
     bool tp_crosses_nodes = false, cp_crosses_nodes = false, pp_crosses_nodes = false;
     // Multi-latent attention (model.multi_latent_attention): the ranks and head parts.
     bool mla = false;
@@ -216,10 +231,14 @@ double call_seconds(const PlanModel& model, const schedule::NodeCall& call, cons
 double flex_remote_copies(int64_t num_experts, int64_t top_k, int num_nodes);
 
 // The optimizer step (after every call, on the compute stream): Adam over this rank's shard,
-// the reductions the schedule did not bucket, the loss and grad-norm all-reduces.
+// the reductions the schedule did not bucket, the TP group's sums of replicated gradients, the
+// embedding group's sum of the embedding copies' gradients, the loss and grad-norm all-reduces.
 struct OptimizerWork {
     double elementwise_bytes = 0;
     NodeWork collectives;
+    double tp_bytes = 0;  // of collectives: the TP group's gradient sums, sent by this rank
+    // Of collectives: the embedding group's sum of the word embedding copies' gradients.
+    double embedding_bytes = 0;
 };
 OptimizerWork optimizer_work(const PlanModel& model, const train::StepPlan& plan);
 

@@ -220,6 +220,11 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
             dense += (m.normalization == config::Normalization::kLayerNorm ? 2 : 1) * H;
             if (!m.share_embeddings_and_output_weights || P > 1)
                 dense += V * H / t;  // the output layer (a copy of the tied embedding with PP)
+            // MTP looks up the shifted tokens on this stage: with PP and untied weights it holds
+            // a copy of the word embedding beside the output layer (Megatron-Core builds the
+            // embedding on the MTP stage; the epo runtime likewise).
+            if (mtp > 0 && P > 1 && !m.share_embeddings_and_output_weights)
+                dense += V * H / t;
             // One micro-batch's output at a time: the last stage runs its backward at once.
             st.activations += 4 * n * H + 4 * sb * V / t;
             for (int i = 0; i < mtp; ++i) {

@@ -55,6 +55,7 @@ void attention_work(const PlanModel& m, ForwardWork& w) {
         // softmax over the scores, unless fused (flash attention)
         + (m.fused_attention ? 0.0 : B * A / tp * S / cp * S * (8 + c) * m.attention_fraction);
     w.tp_collectives += 2;  // gather before the projections, scatter (reduce) after
+    w.tp_gathers += 1;
 }
 
 // The MLP of a layer: routed experts (a chunk's share), or dense.
@@ -86,6 +87,7 @@ void mlp_work(const PlanModel& m, const NodeCall& call, bool moe, double part, F
         w.weight_gemms.push_back({Tc, H, F});
         w.elementwise_bytes += Tc * 3 * F * c;
         w.tp_collectives += 2;
+        w.tp_gathers += 1;
     }
 }
 
@@ -142,16 +144,22 @@ double chunk_share(const PlanModel& m, const NodeCall& call) {
 }
 
 namespace {
-// The shared expert's forward: fc1 (Tc, 2 Fs, H), fc2 (Tc, H, Fs), SwiGLU.
+// The shared expert's forward: fc1 (Tc, 2 Fs / TP, H), fc2 (Tc, H, Fs / TP), SwiGLU, between a
+// gather and a reduce-scatter over TP (Megatron-Core's SharedExpertMLP); the epo runtime runs it
+// whole on the rank's Ts rows (epo_runtime_tp).
 void plan_shared_expert_work(const PlanModel& m, ForwardWork& w) {
     const model::GptShape& s = m.shape;
     const double c = static_cast<double>(m.compute_bytes), H = static_cast<double>(s.hidden);
-    const double Tc = static_cast<double>(s.tokens()) / m.cp_size;
-    const double Fs = static_cast<double>(s.moe.shared_expert_size) / m.tp_size;
-    w.weight_gemms.push_back({Tc, 2 * Fs, H});
-    w.weight_gemms.push_back({Tc, H, Fs});
-    w.elementwise_bytes += Tc * 3 * Fs * c;
-    w.tp_collectives += 2;
+    const bool split = !m.epo_runtime_tp;
+    const double rows = split ? static_cast<double>(s.tokens()) / m.cp_size : sharded_tokens(m);
+    const double Fs = static_cast<double>(s.moe.shared_expert_size) / (split ? m.tp_size : 1);
+    w.weight_gemms.push_back({rows, 2 * Fs, H});
+    w.weight_gemms.push_back({rows, H, Fs});
+    w.elementwise_bytes += rows * 3 * Fs * c;
+    if (split) {
+        w.tp_collectives += 2;
+        w.tp_gathers += 1;
+    }
 }
 }  // namespace
 
@@ -169,6 +177,13 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
             w.tp_collectives = 1;                    // the vocabulary-parallel lookup's reduction
             break;
         case NodeKind::kPreDispatch: {
+            if (s.is_mtp_layer(call.layer)) {
+                // The MTP layer first looks up the shifted tokens' embeddings, normalizes them
+                // and the hidden state (enorm, hnorm) and projects their concatenation
+                // (Tc, H, 2H) back to H.
+                w.elementwise_bytes += Ts * H * (c + 4) + 2 * Ts * H * (4 + c);
+                w.weight_gemms.push_back({Tc, H, 2 * H / m.tp_size});
+            }
             attention_work(m, w);
             if (moe) {
                 w.weight_gemms.push_back({.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
@@ -189,33 +204,26 @@ ForwardWork forward_work(const PlanModel& m, const NodeCall& call) {
             break;
         case NodeKind::kOutput: {
             const double V = static_cast<double>(s.vocab) / m.tp_size;
-            // Each multi-token-prediction depth (on the last stage, before the loss): the
-            // embedding and hidden state concatenated and projected (Tc, H, 2H), one
-            // transformer layer like the last one (its dispatch and combine on this call), and
-            // its own output head and loss.
+            // Each multi-token-prediction depth adds its own output head and loss here (the
+            // runtime's output call runs them); its transformer layer is a layer of the schedule
+            // (GptShape's last position: its own pre_dispatch, dispatch, mlp and combine calls).
             const double heads = 1 + m.mtp_num_layers;
-            for (int i = 0; i < m.mtp_num_layers; ++i) {
-                const int last = static_cast<int>(s.num_layers) - 1;
-                NodeCall layer = call;
-                layer.layer = last;
-                layer.node = NodeKind::kPreDispatch;
-                attention_work(m, w);
-                w.weight_gemms.push_back({Tc, H, 2 * H / m.tp_size});
-                const bool last_moe = last >= 0 && s.moe_layers[static_cast<size_t>(last)];
-                if (last_moe) {
-                    w.weight_gemms.push_back(
-                        {.m = Ts, .n = E, .k = H, .keeps_bf16 = true});  // router
-                    w.elementwise_bytes += 2 * Ts * k * H * c + Ts * E * 12;
-                    w.moe_bytes += routed_bytes(m, H * c + 4);
-                    w.moe_bytes += routed_bytes(m, H * c);
-                }
-                layer.node = NodeKind::kMlp;
-                mlp_work(m, layer, last_moe, 1, w);
-            }
             w.weight_gemms.push_back({.m = Tc, .n = V, .k = H, .count = heads, .keeps_bf16 = true});
             // final norm, softmax + CE
             w.elementwise_bytes += heads * (Ts * H * (4 + c) + Tc * V * (8 + c));
             w.tp_collectives += heads;  // gather before the output layer
+            w.tp_gathers += heads;
+            // The vocabulary-parallel cross-entropy over TP (per token, fp32): Megatron-Core
+            // all-reduces the maxima, the label's logits and the sums of exponentials, 3 x
+            // 2 (TP-1)/TP x 4 bytes a token; the epo runtime all-gathers the maxima ((TP-1) x 4)
+            // and all-reduces the other two. Equal at TP 2.
+            if (m.tp_size > 1) {
+                const double g = m.tp_size;
+                const double per_token = m.epo_runtime_tp ? ((g - 1) + 2 * 2 * (g - 1) / g) * 4
+                                                          : 3 * 2 * (g - 1) / g * 4;
+                w.tp_loss_bytes += heads * Tc * per_token;
+                w.tp_loss_collectives += 3 * heads;
+            }
             break;
         }
         default:

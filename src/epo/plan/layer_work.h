@@ -22,8 +22,14 @@ struct ForwardWork {
     // TP collectives of a (T / CP, H) tensor in the compute dtype: an all-gather or a
     // reduce-scatter each with sequence parallelism; without it a pair is one all-reduce.
     double tp_collectives = 0;
-    double cp_bytes = 0;         // CP: the other CP ranks' keys and values this rank receives
-    comm::ByteCounts moe_bytes;  // an MTP layer's dispatch and combine (no node of their own)
+    // Of those, the forward's all-gathers of activations (in the compute dtype in the epo
+    // runtime too; its reductions and every backward collective move fp32: tp_reduce_bytes).
+    double tp_gathers = 0;
+    // The vocabulary-parallel cross-entropy's collectives of per-token figures (the maxima, the
+    // sums of exponentials, the label's logit: fp32), bytes this rank sends, forward only.
+    double tp_loss_bytes = 0;
+    double tp_loss_collectives = 0;
+    double cp_bytes = 0;  // CP: the other CP ranks' keys and values this rank receives
 };
 
 // Ts: the tokens a rank routes and normalizes.

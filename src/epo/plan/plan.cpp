@@ -338,6 +338,11 @@ ScheduleEstimate estimate_stage(const config::Config& full_cfg, const config::Co
     }
     e.host_launch_s = host_s;
     e.host_bound = host_s > r.end_s;
+    e.tp_bytes_per_step = opt.tp_bytes;
+    for (const NodeCall& c : sp.calls) {
+        if (schedule::stream_of(c.node) != StreamId::kComm)
+            e.tp_bytes_per_step += node_work(pm, c).tp_bytes;
+    }
     e.step_time_s = std::max(r.end_s, host_s) + e.optimizer_s;
     e.compute_s = r.compute_s + e.optimizer_s;
     e.comm_s = r.comm_s;
@@ -396,6 +401,7 @@ ScheduleEstimate estimate_stage(const config::Config& cfg, const Hardware& hw,
     e.alltoall_s = mix(e.alltoall_s, f.alltoall_s);
     e.optimizer_s = mix(e.optimizer_s, f.optimizer_s);
     e.host_launch_s = mix(e.host_launch_s, f.host_launch_s);
+    e.tp_bytes_per_step = mix(e.tp_bytes_per_step, f.tp_bytes_per_step);
     e.tokens_per_s = mix(e.tokens_per_s, f.tokens_per_s);
     e.tflops_per_gpu = mix(e.tflops_per_gpu, f.tflops_per_gpu);
     for (auto& [node, seconds] : e.node_seconds)

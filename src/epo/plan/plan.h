@@ -65,6 +65,10 @@ struct ScheduleEstimate {
     double host_launch_s = 0;      // the host's launches of every call of the step
     bool host_bound = false;       // they, not the GPU, end the step
     double pipeline_bubble_s = 0;  // of step_time_s: the pipeline's fill and drain
+    // Bytes this rank sends over its TP group per step: the gathers, reduce-scatters (or
+    // all-reduces) and the loss's collectives of the compute calls, and the TP sums of the
+    // replicated parameters' gradients (what `epo bench` counts on the tp communicator).
+    double tp_bytes_per_step = 0;
     // Seconds per step by node kind ("mlp.backward", "grad_reduce", ...: epo bench's `nodes`).
     std::map<std::string, double> node_seconds;
 };

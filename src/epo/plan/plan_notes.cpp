@@ -94,9 +94,9 @@ void add_layout_notes(const config::Config& cfg, PlanResult& r) {
     }
     if (m.mtp_num_layers.value_or(0) > 0 && layout.num_stages > 1) {
         r.notes.push_back(fmt::format(
-            "MTP: {} depth(s) on the last stage's output call (a layer like the last, its "
-            "projection and output head); their dispatch and combine run there, outside the "
-            "overlap's pairing",
+            "MTP: {} depth(s) on the last stage: its layer (like the last, with its projection) "
+            "is a layer of the schedule, paired by overlap like the others; its output head and "
+            "loss run on the output call",
             *m.mtp_num_layers));
     }
     if (m.fp8 && r.hardware.device.peak_fp8_tflops <= 0)

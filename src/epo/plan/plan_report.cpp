@@ -103,6 +103,7 @@ nlohmann::ordered_json plan_to_json(const PlanResult& r) {
                              {"slowest_stage", e.busiest_stage},
                              {"pipeline_bubble_s", e.pipeline_bubble_s},
                              {"host_launch_s", e.host_launch_s},
+                             {"tp_bytes_per_step", e.tp_bytes_per_step},
                              {"host_bound", e.host_bound},
                              {"extra_memory_bytes", e.extra_memory_bytes},
                              {"speedup_vs_baseline", e.speedup.value_or(1)},
