@@ -1,8 +1,5 @@
 // Expert chunks (schedule.h): a MoE layer's experts split into chunks, each chunk's all-to-all
 // overlapping the previous chunk's experts.
-#include "epo/schedule/schedule.h"
-#include "schedule/schedule_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,25 +7,13 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "epo/schedule/schedule.h"
+#include "schedule/schedule_test_util.h"
+
 namespace epo::schedule {
 namespace {
 
 using namespace test_util;
-
-ScheduleShape chunked_shape(int mbs, std::vector<bool> layers, bool delay, int chunks) {
-    ScheduleShape s{mbs, std::move(layers), delay};
-    s.num_moe_chunks = chunks;
-    return s;
-}
-
-std::vector<std::string> layer_calls(const std::vector<NodeCall>& calls, int mb, int layer) {
-    std::vector<std::string> out;
-    for (const auto& c : calls)
-        if (c.micro_batch == mb && c.layer == layer && c.node != NodeKind::kGradReduce &&
-            c.node != NodeKind::kParamGather)
-            out.push_back(call_name(c));
-    return out;
-}
 
 TEST(Schedule, OneChunkIsTheUnchunkedSchedule) {
     for (bool delay : {false, true}) {

@@ -1,14 +1,14 @@
 // Paired edges (schedule.h "Paired edges"): the first forwards and the last backwards run in
 // pairs.
-#include "epo/schedule/schedule.h"
-#include "schedule/schedule_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <tuple>
+
+#include "epo/schedule/schedule.h"
+#include "schedule/schedule_test_util.h"
 
 namespace epo::schedule {
 namespace {
@@ -158,8 +158,9 @@ TEST(Schedule, PairedEdgesGatherInTheFirstForwardAndReduceInTheLastBackward) {
                 ++gathers;
                 EXPECT_EQ(c.micro_batch, 0);
             }
-            if (c.wait_bucket >= 0)
+            if (c.wait_bucket >= 0) {
                 EXPECT_EQ(c.micro_batch, 0) << call_name(c);
+            }
             if (c.node == NodeKind::kGradReduce) {
                 ++reduces;
                 EXPECT_EQ(c.micro_batch, last);

@@ -1,8 +1,5 @@
 // Full recompute and shared-expert overlap (schedule.h): where the recomputed forwards and the
 // shared expert's calls sit in the call lists.
-#include "epo/schedule/schedule.h"
-#include "schedule/schedule_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,10 +7,22 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "epo/schedule/schedule.h"
+#include "schedule/schedule_test_util.h"
+
 namespace epo::schedule {
 namespace {
 
 using namespace test_util;
+
+// ---- Full recompute (schedule.h "Full recompute") ----
+
+ScheduleShape recompute_shape(int mbs, std::vector<bool> layers, bool delay,
+                              std::vector<int> recompute_first) {
+    ScheduleShape s{mbs, std::move(layers), delay};
+    s.recompute_first = std::move(recompute_first);
+    return s;
+}
 
 TEST(Schedule, FullRecomputeRunsAGroupsForwardRightBeforeItsLastLayersBackward) {
     // Layers: 0 dense, 1 and 2 MoE; groups [0, 1] and [2] (uniform, 2 layers a group).
