@@ -16,10 +16,8 @@ constexpr int64_t kChunk = 128;  // rows of f32 logits alive at once
 
 }  // namespace
 
-double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int32_t> labels,
-                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch,
-                       std::span<const uint8_t> loss_mask) {
-    const int64_t T = h.dim(0), V = weight.master.dim(0);
+int64_t loss_token_count(int64_t T, std::span<const int32_t> labels,
+                         std::span<const uint8_t> loss_mask) {
     EPO_CHECK(static_cast<int64_t>(labels.size()) == T, "{} labels for {} tokens", labels.size(),
               T);
     EPO_CHECK(loss_mask.empty() || static_cast<int64_t>(loss_mask.size()) == T,
@@ -30,6 +28,14 @@ double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int
         for (uint8_t m : loss_mask)
             counted += m != 0;
     }
+    return counted;
+}
+
+double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int32_t> labels,
+                       float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch,
+                       std::span<const uint8_t> loss_mask) {
+    const int64_t T = h.dim(0), V = weight.master.dim(0);
+    const int64_t counted = loss_token_count(T, labels, loss_mask);
     const DType cd = h.dtype();
     const size_t es = dtype_size(cd);
     ctx.h = h;

@@ -31,6 +31,11 @@ struct LmHeadContext {
 // Returns the mean loss over the T tokens (over those loss_mask marks, when given: T entries,
 // 1 = counted; none marked gives 0). `grad_scale` is the factor the loss enters the optimized
 // objective with (1 / number of micro-batches).
+// The tokens a loss of T tokens averages over: all T, or those whose loss_mask entry is set.
+// Checks that labels (and a non-empty loss_mask) have T entries.
+int64_t loss_token_count(int64_t T, std::span<const int32_t> labels,
+                         std::span<const uint8_t> loss_mask);
+
 double lm_head_forward(const Param& weight, const Tensor& h, std::span<const int32_t> labels,
                        float grad_scale, LmHeadContext& ctx, Arena& saved, Arena& scratch,
                        std::span<const uint8_t> loss_mask = {});

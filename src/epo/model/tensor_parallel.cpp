@@ -147,16 +147,7 @@ double vocab_parallel_lm_head_forward(comm::Communicator& tp, const Param& weigh
                                       Arena& scratch, std::span<const uint8_t> loss_mask) {
     const int64_t T = h_full.dim(0), Vl = weight.master.dim(0);
     const int64_t V = Vl * tp.size(), begin = Vl * tp.rank();
-    EPO_CHECK(static_cast<int64_t>(labels.size()) == T, "{} labels for {} tokens", labels.size(),
-              T);
-    EPO_CHECK(loss_mask.empty() || static_cast<int64_t>(loss_mask.size()) == T,
-              "a loss mask of {} for {} tokens", loss_mask.size(), T);
-    int64_t counted = T;
-    if (!loss_mask.empty()) {
-        counted = 0;
-        for (uint8_t m : loss_mask)
-            counted += m != 0;
-    }
+    const int64_t counted = loss_token_count(T, labels, loss_mask);
     const DType cd = h_full.dtype();
     const size_t es = dtype_size(cd);
     ctx.h = h_full;

@@ -426,7 +426,6 @@ void pre_dispatch_backward(const LayerShape& s, LayerParams& p, const RopeTable&
 
 void pre_dispatch_backward_dw(const LayerShape& s, LayerParams& p, LayerState& st,
                               const NodeArgs& a) {
-    const bool fusion = s.gradient_accumulation_fusion;
     normed1(s, p, st, *a.scratch);  // the qkv wgrad's input
     self_attention_wgrad(s, p, st, *a.scratch);
     if (s.is_moe) {
