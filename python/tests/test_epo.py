@@ -63,7 +63,8 @@ def test_plan_is_the_same_as_the_clis_json():
 
 def test_plan_carries_the_runtime_note_as_the_clis_json_does():
     plan = epo.plan(QWEN, gpu="h100", num_gpus=16,
-                    overrides=["model.tensor_model_parallel_size=2"])
+                    overrides=["model.tensor_model_parallel_size=2",
+                               "model.sequence_parallel=false"])
     assert plan["runtime"]["can_run_on_cpu"] is False
     # TP runs with sequence parallelism (the recipe's aux loss too); its MoE layers without it
     # do not (RT040).

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 
@@ -638,6 +639,11 @@ void expect_gpt_model_matches_one_rank(bool sp, int64_t micro_batch_size, int64_
         return static_cast<double>(f);
     };
     const double aux = group_total(stats_many.aux_loss), z = group_total(stats_many.z_loss);
+    if (r == 0 && (stats_one.aux_loss > 0 || stats_one.z_loss > 0)) {
+        std::printf("TP %d%s vs TP 1: aux loss %.3g, z loss %.3g (relative)\n", n,
+                    sp ? " + SP" : "", std::abs(aux - stats_one.aux_loss) / stats_one.aux_loss,
+                    std::abs(z - stats_one.z_loss) / stats_one.z_loss);
+    }
     EXPECT_NEAR(aux, stats_one.aux_loss, 1e-5 * std::abs(stats_one.aux_loss)) << "aux loss";
     EXPECT_NEAR(z, stats_one.z_loss, 1e-5 * std::abs(stats_one.z_loss)) << "z loss";
     EXPECT_EQ(
@@ -675,6 +681,9 @@ void expect_gpt_model_matches_one_rank(bool sp, int64_t micro_batch_size, int64_
                 ref_sq += static_cast<double>(w.data<float>()[j]) * w.data<float>()[j];
             }
             ASSERT_GT(ref_sq, 0);
+            if (r == 0)
+                std::printf("TP %d%s vs TP 1: router weight gradient %.3g (relative, L2)\n", n,
+                            sp ? " + SP" : "", std::sqrt(diff_sq / ref_sq));
             EXPECT_LT(std::sqrt(diff_sq / ref_sq), 1e-5) << p.name;
         }
     }

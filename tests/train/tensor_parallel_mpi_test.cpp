@@ -179,11 +179,13 @@ TEST(TensorParallelTrainer, ReplicatedGradientsMatchTensorParallelOne) {
     EXPECT_LE(worst, kTol);
 }
 
-// The router's aux loss (per sequence), z loss and expert bias (a sigmoid router), which take
-// their token counts over the TP group under sequence parallelism (issue #42, RT042).
+// The router's aux loss (over the micro-batch: tiny-moe's TP shards are whole sequences, which
+// seq_aux_loss would count alone; the model test has shards straddling sequences), z loss and
+// expert bias (a sigmoid router), which take their token counts over the TP group under sequence
+// parallelism (issue #42, RT042).
 const std::vector<std::string> kRouterLosses = {
     "model.moe_router_score_function=sigmoid", "model.moe_router_enable_expert_bias=true",
-    "model.moe_router_bias_update_rate=1e-2",  "model.moe_router_load_balancing_type=seq_aux_loss",
+    "model.moe_router_bias_update_rate=1e-2",  "model.moe_router_load_balancing_type=aux_loss",
     "model.moe_aux_loss_coeff=1e-2",           "model.moe_z_loss_coeff=1e-3"};
 
 // What a router-loss run gives: losses, the load-balancing loss, grad norms, and every MoE
@@ -227,8 +229,10 @@ RouterRun router_run(const config::Config& cfg, int steps, MPI_Comm comm = MPI_C
 // counts the TP ranks' biases would part.
 TEST(TensorParallelTrainer, RouterLossesAndExpertBiasMatchTensorParallelOne) {
     constexpr int kSteps = 4;
-    // Seen: see docs/runtime.md "Tensor parallelism" (the measured differences).
-    constexpr double kLossTol = 1e-4, kBalanceTol = 1e-4;
+    // Seen: losses 1.1e-6 / 2.6e-5, load-balancing losses 2.2e-5 / 4.9e-5 (2 / 4 ranks). Without
+    // the TP sum of the aux loss's counts the load-balancing loss is 0.5 off; without that of the
+    // expert-bias counts the TP ranks' biases part (and lie 0.02 from TP 1's).
+    constexpr double kLossTol = 1e-4, kBalanceTol = 5e-4;
     const int world = comm::current_world_size();
     const int rank = comm::current_world_rank();
     const RouterRun tp = router_run(tp_run_config(world, 2, world / 2, kRouterLosses), kSteps);
