@@ -160,24 +160,6 @@ TEST(Router, SeqAuxLossAveragesSequences) {
     EXPECT_THROW(r.route(logits, 3), Error);  // 4 tokens do not split into 3 sequences
 }
 
-// aux_loss (not seq_aux_loss) counts the micro-batch's tokens together whatever its sequences,
-// as the reference's _apply_aux_loss over all the micro-batch's rows: the same logits routed as
-// two sequences give one sequence's loss (not the mean of the two sequences' losses above).
-TEST(Router, AuxLossPoolsTheSequences) {
-    MoeConfig c = base_config(2, 1, 2);
-    c.load_balancing_type = LoadBalancing::kAuxLoss;
-    c.aux_loss_coeff = 1.0;
-    IdentityRouter r(c);
-    const std::vector<float> logits = {1, 0, 2, 0, 0, 1, 1, 0};
-    RouterOutput two = r.route(logits, 2);
-    auto sm = [](double a, double b) { return std::exp(a) / (std::exp(a) + std::exp(b)); };
-    const double p0 = sm(1, 0) + sm(2, 0) + sm(0, 1) + sm(1, 0), p1 = 4 - p0;
-    // Three tokens to expert 0, one to expert 1, over T = 4 tokens.
-    EXPECT_NEAR(two.aux_loss, 2.0 / (1 * 16) * (p0 * 3 + p1 * 1), 1e-6);
-    EXPECT_EQ(two.num_sequences, 1);
-    EXPECT_EQ(two.aux_counts, (std::vector<std::int64_t>{3, 1}));
-}
-
 TEST(Router, NonFiniteLogitsAreANumericsError) {
     IdentityRouter r(base_config(4, 2, 4));
     try {

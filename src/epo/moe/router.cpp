@@ -153,9 +153,7 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
                                 total_tokens, t_count, group_size, num_sequences));
     }
     RouterOutput out;
-    // aux_loss counts the micro-batch's tokens together (one "sequence"); seq_aux_loss each
-    // sequence's.
-    out.num_sequences = cfg.load_balancing_type == LoadBalancing::kSeqAuxLoss ? num_sequences : 1;
+    out.num_sequences = num_sequences;
     out.total_tokens = total_tokens;
     out.row_begin = sequence_group ? t_count * sequence_group->rank() : 0;
     out.x = x;

@@ -17,6 +17,8 @@
 //   aux_loss     = coeff * E / (K * N^2) * sum_e (sum_t s_aux[t,e]) * c[e]
 //   seq_aux_loss = coeff * mean_b [ E / (K * L^2) * sum_e (sum_{t in b} s_aux[t,e]) * c_b[e] ]
 //   z_loss       = z_coeff / N * sum_t (logsumexp_e logits[t,e])^2
+// (The code takes B sequences for both: with B > 1, as the model passes micro_batch_size, aux_loss
+// is counted per sequence as seq_aux_loss is, where the reference pools the micro-batch.)
 // s_aux = softmax of all logits (softmax router) or sigmoid / (its per-token sum + 1e-20)
 // (sigmoid router); c counts the tokens whose plain top-k of s_aux (no bias, no groups, before
 // capacity drops) includes e. The gradient flows through s_aux only, scaled by the caller's
@@ -69,8 +71,7 @@ struct RouterOutput {
     std::vector<std::int64_t> routed_counts;  // [E] tokens routed to each expert (before drops)
     std::vector<std::int64_t> aux_counts;     // [B, E] c_b[e] for the load-balancing loss (over
                                               // the whole micro-batch)
-    std::int64_t num_sequences = 1;           // B: the micro-batch's sequences (seq_aux_loss),
-                                              // else 1 (aux_loss pools them, as the reference)
+    std::int64_t num_sequences = 1;           // B (of the whole micro-batch)
     std::int64_t total_tokens = 0;            // N: T, or n T over a sequence group
     std::int64_t row_begin = 0;               // this rank's first row among the N
     float aux_loss = 0.0f;                    // aux_loss or seq_aux_loss (0 when off); with a
