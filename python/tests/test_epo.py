@@ -64,10 +64,11 @@ def test_plan_is_the_same_as_the_clis_json():
 def test_plan_carries_the_runtime_note_as_the_clis_json_does():
     plan = epo.plan(QWEN, gpu="h100", num_gpus=16,
                     overrides=["model.tensor_model_parallel_size=2",
-                               "model.sequence_parallel=true"])
+                               "model.sequence_parallel=false"])
     assert plan["runtime"]["can_run_on_cpu"] is False
-    # TP runs; with the recipe's aux loss it does not (RT042).
-    assert "RT042" in plan["runtime"]["gaps"]
+    # TP runs with sequence parallelism (the recipe's aux loss too); its MoE layers without it
+    # do not (RT040).
+    assert "RT040" in plan["runtime"]["gaps"]
     assert plan["runtime"]["note"].startswith("the epo runtime cannot run this configuration")
     assert plan["runtime"]["note"] in plan["validation"]["notes"]
 

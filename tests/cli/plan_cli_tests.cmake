@@ -30,14 +30,18 @@ epo_cli_test(plan_no_topology 1 "give --num_nodes and --gpus_per_node" RUN
              plan --model qwen3-30b-a3b -ep 16 env.gpu=h100)
 # What only the epo CPU runtime lacks is one note, never a refusal; the reference's rules still
 # refuse (LY005 for 94 layers over PP 8 x VPP 4 without an uneven split).
+# (TP 2 with sequence parallelism turned off: the runtime's MoE layers need it, RT040.)
 epo_cli_test(plan_tp 0 "TP 2, PP 1"
-             "the epo runtime cannot run this configuration to check the plan on CPU \\(RT042"
-             RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true)
+             "the epo runtime cannot run this configuration to check the plan on CPU \\(RT040"
+             RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=false)
 # --json carries the same note (and the validation's warnings and notes) as the text.
-epo_cli_test(plan_json_runtime_note 0 "\"can_run_on_cpu\": false" "\"RT042\""
+epo_cli_test(plan_json_runtime_note 0 "\"can_run_on_cpu\": false" "\"RT040\""
              "\"note\": \"the epo runtime cannot run this configuration to check the plan on CPU"
-             "\"validation\": \\{" RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true
+             "\"validation\": \\{" RUN plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=false
              --json)
+# With sequence parallelism the runtime runs it, the recipe's aux loss included (RT042 lifted).
+epo_cli_test(plan_json_tp_sp_runs 0 "\"can_run_on_cpu\": true" "\"gaps\": \\[\\]" RUN
+             plan ${_epo_qwen_h100} -tp 2 model.sequence_parallel=true --json)
 epo_cli_test(plan_json_no_runtime_gap 0 "\"can_run_on_cpu\": true" "\"gaps\": \\[\\]"
              "\"note\": null" RUN plan ${_epo_qwen_h100} --json)
 set(_epo_235b --model qwen3-235b-a22b --num_nodes 32 --gpus_per_node 8 env.gpu=h100 -tp 2

@@ -115,8 +115,12 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.tensor_model_parallel_size = 2;
              c.model.mtp_num_layers = 1;
          }},
-        // tiny-moe's aux loss.
-        {"RT042", [](Config& c) { c.model.tensor_model_parallel_size = 2; }},
+        // tiny-moe's aux loss, with sequence parallelism (without it RT040 comes first).
+        {"RT042",
+         [](Config& c) {
+             c.model.tensor_model_parallel_size = 2;
+             c.model.sequence_parallel = true;
+         }},
         {"RT043",
          [](Config& c) {
              c.model.tensor_model_parallel_size = 2;
@@ -269,30 +273,40 @@ TEST(RuntimeSupport, CurrentRuntimeRefusesAVirtualPipelineOfOneStageAndYarn) {
 }
 
 TEST(RuntimeSupport, ValidateWarnsRunsRefuse) {
+    // tiny-moe (aux loss on) at TP 2 with sequence parallelism on a runtime without the router's
+    // TP-group statistics (RT042); the current runtime runs it.
     Config c = make_recipe("tiny-moe");
     c.model.tensor_model_parallel_size = 2;
+    c.model.sequence_parallel = true;
     c.comm.gpus_per_node = 2;
-    const ValidationReport check = validate(c);
+    ValidateOptions older;
+    older.runtime.tp_router_losses = false;
+    const ValidationReport check = validate(c, older);
     EXPECT_TRUE(check.ok());
     EXPECT_EQ(runtime_ids(check.warnings), std::vector<std::string>{"RT042"});
-    const ValidationReport run = validate_for_run(c);
+    const ValidationReport run = validate_for_run(c, older);
     EXPECT_FALSE(run.ok());
     EXPECT_EQ(ids(run.errors), std::vector<std::string>{"RT042"});
     EXPECT_TRUE(runtime_ids(run.warnings).empty());
-    ValidateOptions tp;
-    tp.runtime.tp_router_losses = true;
-    EXPECT_TRUE(validate_for_run(c, tp).ok());
+    EXPECT_TRUE(validate_for_run(c).ok());
+    EXPECT_TRUE(runtime_ids(validate(c).warnings).empty());
 }
 
-// TP with sequence parallelism runs (RT001, RT005 lifted) for MoE at ETP 1 without the router's
-// TP-group statistics, with pipeline stages too (RT043); its combinations RT039-RT042 stay
-// refused, one id each.
+// TP with sequence parallelism runs (RT001, RT005 lifted) for MoE at ETP 1, with the router's
+// aux loss, z loss and expert bias (RT042 lifted: their statistics over the TP group) and with
+// pipeline stages (RT043); its combinations RT039-RT041 stay refused, one id each.
 TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombinations) {
     Config c = make_recipe("tiny-moe");
     c.model.tensor_model_parallel_size = 2;
     c.model.sequence_parallel = true;
-    c.model.moe_aux_loss_coeff = 0;
+    ASSERT_GT(c.model.moe_aux_loss_coeff, 0);
     EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    // The z loss and the expert bias (a sigmoid router) run too.
+    Config router = c;
+    router.model.moe_z_loss_coeff = 1e-3;
+    router.model.moe_router_score_function = ScoreFunction::kSigmoid;
+    router.model.moe_router_enable_expert_bias = true;
+    EXPECT_TRUE(runtime_findings(router, RuntimeCapabilities::current()).empty());
     c.model.expert_tensor_parallel_size = 2;
     EXPECT_EQ(runtime_ids(runtime_findings(c, RuntimeCapabilities::current())),
               std::vector<std::string>{"RT004"});
@@ -300,7 +314,7 @@ TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombina
     Config staged = make_recipe("tiny-moe");
     uses().at("RT043")(staged);
     EXPECT_TRUE(runtime_findings(staged, RuntimeCapabilities::current()).empty());
-    for (const char* id : {"RT039", "RT040", "RT041", "RT042"}) {
+    for (const char* id : {"RT039", "RT040", "RT041"}) {
         SCOPED_TRACE(id);
         Config refused = make_recipe("tiny-moe");
         uses().at(id)(refused);
@@ -308,12 +322,21 @@ TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombina
         ASSERT_EQ(runtime_ids(f), std::vector<std::string>{id});
         EXPECT_NE(f[0].fix.find("tensor_model_parallel_size"), std::string::npos) << f[0].fix;
     }
+    // The aux loss without sequence parallelism is RT040's (the MoE layer needs SP), not hidden
+    // behind the lifted RT042.
+    Config no_sp = make_recipe("tiny-moe");
+    no_sp.model.tensor_model_parallel_size = 2;
+    EXPECT_EQ(runtime_ids(runtime_findings(no_sp, RuntimeCapabilities::current())),
+              std::vector<std::string>{"RT040"});
+    // A runtime without the TP-group statistics names the field it cannot honour.
+    RuntimeCapabilities older = RuntimeCapabilities::current();
+    older.tp_router_losses = false;
     Config z = make_recipe("tiny-moe");
     z.model.tensor_model_parallel_size = 2;
     z.model.sequence_parallel = true;
     z.model.moe_aux_loss_coeff = 0;
     z.model.moe_z_loss_coeff = 1e-3;
-    const auto f = runtime_findings(z, RuntimeCapabilities::current());
+    const auto f = runtime_findings(z, older);
     ASSERT_EQ(runtime_ids(f), std::vector<std::string>{"RT042"});
     EXPECT_EQ(f[0].field, "model.moe_z_loss_coeff");
 }

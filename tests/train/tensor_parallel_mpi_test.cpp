@@ -25,7 +25,7 @@ namespace epo::train {
 namespace {
 
 // tiny-moe shrunk (train_test_util.h) on `ranks` ranks with TP `tp` (sequence parallel at TP > 1)
-// and EP `ep`; no aux loss (RT042: the router's statistics are not taken over TP).
+// and EP `ep`; no aux loss unless `extra` sets one (kRouterLosses' tests).
 std::vector<std::string> tp_run_overrides(int ranks, int tp, int ep,
                                           std::vector<std::string> extra) {
     std::vector<std::string> o = testing::tiny_shape_overrides();
@@ -177,6 +177,127 @@ TEST(TensorParallelTrainer, ReplicatedGradientsMatchTensorParallelOne) {
         std::printf("replicated parameters' steps vs TP 1: largest relative difference %.3g\n",
                     worst);
     EXPECT_LE(worst, kTol);
+}
+
+// The router's aux loss, z loss and expert bias (a sigmoid router), which take their token counts
+// over the TP group under sequence parallelism (issue #42, RT042). One sequence per micro-batch, so
+// each TP rank routes half of it (with two, tiny-moe's TP shards would be whole sequences, which
+// the per-sequence counts see alone; the model test has shards straddling sequences).
+const std::vector<std::string> kRouterLosses = {"model.moe_router_score_function=sigmoid",
+                                                "model.moe_router_enable_expert_bias=true",
+                                                "model.moe_router_bias_update_rate=1e-2",
+                                                "model.moe_router_load_balancing_type=aux_loss",
+                                                "model.moe_aux_loss_coeff=1e-2",
+                                                "model.moe_z_loss_coeff=1e-3",
+                                                "train.micro_batch_size=1"};
+
+// What a router-loss run gives: losses, the load-balancing loss, grad norms, and every MoE
+// layer's expert bias after the last step.
+struct RouterRun {
+    testing::RunRecord record;
+    std::vector<double> load_balancing;
+    std::vector<std::vector<float>> biases;
+};
+
+RouterRun router_run(const config::Config& cfg, int steps, MPI_Comm comm = MPI_COMM_WORLD) {
+    Trainer trainer(cfg, TrainerOptions{.comm = comm});
+    RouterRun r;
+    for (int i = 0; i < steps; ++i) {
+        const StepResult s = trainer.step();
+        r.record.losses.push_back(s.lm_loss);
+        r.record.grad_norms.push_back(s.grad_norm);
+        r.record.mtp_losses.push_back(0.0);
+        r.load_balancing.push_back(s.load_balancing_loss.value_or(-1.0));
+    }
+    trainer.sync_params();
+    for (Param* p : trainer.model().all_params()) {
+        const float* d = p->master.data<float>();
+        r.record.params.emplace_back(d, d + p->master.numel());
+    }
+    const model::GptShape& shape = trainer.shape();
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+        if (!shape.moe_layers[static_cast<size_t>(l)])
+            continue;
+        const Tensor& b = trainer.model().layer(static_cast<int>(l)).moe.router.expert_bias;
+        r.biases.emplace_back(b.data<float>(), b.data<float>() + b.numel());
+    }
+    return r;
+}
+
+// TP 2 + SP with the aux loss, z loss and expert bias: the losses (language model and
+// load-balancing) within a stated tolerance of TP 1 on half the ranks (same DP size and data),
+// the expert biases the same bits on both TP ranks (they apply the TP and DP sums of the counts)
+// and equal to TP 1's. Without the TP sum of the aux loss's counts each rank would balance its
+// own rows (its load-balancing loss about half of TP 1's); without the TP sum of the expert-bias
+// counts the TP ranks' biases would part.
+TEST(TensorParallelTrainer, RouterLossesAndExpertBiasMatchTensorParallelOne) {
+    constexpr int kSteps = 4;
+    // Seen: losses 7.8e-6 / 3.3e-6, load-balancing losses 2.3e-7 / 5.1e-5 (2 / 4 ranks). Without
+    // the TP sum of the aux loss's counts the load-balancing loss is 0.5 off; without that of the
+    // expert-bias counts the TP ranks' biases part (and lie 0.02 from TP 1's).
+    constexpr double kLossTol = 1e-4, kBalanceTol = 5e-4;
+    const int world = comm::current_world_size();
+    const int rank = comm::current_world_rank();
+    const RouterRun tp = router_run(tp_run_config(world, 2, world / 2, kRouterLosses), kSteps);
+    ASSERT_FALSE(tp.biases.empty());
+    MPI_Comm pair = MPI_COMM_NULL;
+    comm::check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pair), "MPI_Comm_split");
+    for (const std::vector<float>& mine : tp.biases) {
+        std::vector<float> both(2 * mine.size());
+        comm::check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT,
+                                      both.data(), static_cast<int>(mine.size()), MPI_FLOAT, pair),
+                        "MPI_Allgather");
+        EXPECT_EQ(0,
+                  std::memcmp(both.data(), both.data() + mine.size(), mine.size() * sizeof(float)))
+            << "expert bias differs between the TP ranks";
+    }
+    MPI_Comm_free(&pair);
+    MPI_Comm half = MPI_COMM_NULL;
+    comm::check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank / (world / 2), rank, &half),
+                    "MPI_Comm_split");
+    const RouterRun one =
+        router_run(tp_run_config(world / 2, 1, world / 2, kRouterLosses), kSteps, half);
+    MPI_Comm_free(&half);
+    const double loss_diff = largest_relative_difference(tp.record.losses, one.record.losses);
+    const double balance_diff = largest_relative_difference(tp.load_balancing, one.load_balancing);
+    double bias_diff = 0;
+    for (size_t l = 0; l < tp.biases.size(); ++l) {
+        for (size_t e = 0; e < tp.biases[l].size(); ++e)
+            bias_diff = std::max(bias_diff,
+                                 static_cast<double>(std::abs(tp.biases[l][e] - one.biases[l][e])));
+    }
+    if (rank == 0) {
+        std::printf(
+            "router losses, TP 2 (%d ranks) vs TP 1: largest relative difference losses %.3g, "
+            "load-balancing losses %.3g; expert biases %.3g apart\n",
+            world, loss_diff, balance_diff, bias_diff);
+    }
+    EXPECT_GT(one.load_balancing[0], 0.0);
+    EXPECT_LE(loss_diff, kLossTol);
+    EXPECT_LE(balance_diff, kBalanceTol);
+    // The counts are integers: unless a token's choice flips with the rounding, the same bits.
+    EXPECT_EQ(bias_diff, 0.0);
+}
+
+// With the router's losses and expert bias, overlap and overlap + delayed wgrad give the
+// baseline's bits (losses, load-balancing losses, grad norms, every parameter, expert biases):
+// the router's all-gather of the counts runs inside the pre_dispatch node on the compute stream's
+// tp communicator, in the same order in every schedule.
+TEST(TensorParallelTrainer, RouterLossesOverlapIsBitIdenticalToBaseline) {
+    constexpr int kSteps = 3;
+    const int world = comm::current_world_size();
+    const RouterRun base = router_run(tp_run_config(world, 2, world, kRouterLosses), kSteps);
+    const std::string overlap = "comm_overlap.overlap_moe_expert_parallel_comm=true";
+    for (const std::vector<std::string>& v : std::vector<std::vector<std::string>>{
+             {overlap}, {overlap, "comm_overlap.delay_wgrad_compute=true"}}) {
+        SCOPED_TRACE(v.back());
+        std::vector<std::string> extra = kRouterLosses;
+        extra.insert(extra.end(), v.begin(), v.end());
+        const RouterRun other = router_run(tp_run_config(world, 2, world, extra), kSteps);
+        testing::expect_bit_identical(base.record, other.record);
+        EXPECT_EQ(base.load_balancing, other.load_balancing);
+        EXPECT_EQ(base.biases, other.biases);
+    }
 }
 
 // The TP collectives run inside the compute nodes, the TP sums in the reductions (in the optimizer

@@ -51,11 +51,11 @@ std::string_view tp_combination(const Config& c) {
     if (m.mtp_num_layers.value_or(0) > 0 || m.share_embeddings_and_output_weights ||
         recomputes_module(m, RecomputeModule::kLayernorm))
         return "RT041";
+    if (is_moe(m) && !m.sequence_parallel)
+        return "RT040";
     if (is_moe(m) && (m.moe_aux_loss_coeff > 0 || m.moe_z_loss_coeff.value_or(0) > 0 ||
                       m.moe_router_enable_expert_bias))
         return "RT042";
-    if (is_moe(m) && !m.sequence_parallel)
-        return "RT040";
     return "";
 }
 
@@ -97,7 +97,11 @@ const std::vector<FeatureRow>& rows() {
          },
          "set model.expert_tensor_parallel_size=1"},
         {{"RT005", "sequence parallelism", &RC::sequence_parallel},
-         [](C c) { return when(c.model.sequence_parallel, "model.sequence_parallel", "true"); },
+         [](C c) {
+             // As RT001: its combinations with TP that do not run have ids of their own.
+             return when(c.model.sequence_parallel && tp_combination(c).empty(),
+                         "model.sequence_parallel", "true");
+         },
          "set model.sequence_parallel=false"},
         // One MTP layer runs (model/mtp.h); a chain of them does not.
         {{"RT006", "multi-token prediction with more than one MTP layer",
@@ -388,10 +392,11 @@ const std::vector<FeatureRow>& rows() {
          },
          "set model.tensor_model_parallel_size=1 (-tp 1), or drop the feature (mtp_num_layers="
          "null, share_embeddings_and_output_weights=false, layernorm out of recompute_modules)"},
-        // Under sequence parallelism each TP rank routes its own rows: Megatron-Core takes the
-        // aux and z losses' token statistics and the expert-bias counts over the TP (x CP) group;
-        // this runtime takes them over the rank's rows, so it refuses them rather than train a
-        // different objective.
+        // Runs now: under sequence parallelism each TP rank routes its own rows, and the router
+        // takes the aux loss's token counts over the TP group, scales both losses by the whole
+        // micro-batch's tokens, and the expert-bias update sums the counts over TP and DP, as
+        // Megatron-Core does over TP (x CP) (moe/router.h, train/expert_bias_update.h). The row
+        // is for a runtime without that.
         {{"RT042", "the router's aux loss, z loss or expert bias with tensor parallelism",
           &RC::tp_router_losses},
          [](C c) -> std::optional<Use> {
@@ -437,6 +442,8 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.tensor_parallel = true;
     caps.sequence_parallel = true;
     caps.tp_pipeline = true;  // tests/train/tensor_parallel_mpi_test.cpp PipelineTensorParallel
+    // moe/router.h (sequence group), train/expert_bias_update.h (TP sum of the counts).
+    caps.tp_router_losses = true;
     return caps;
 }
 

@@ -58,7 +58,7 @@ struct RuntimeCapabilities {
     bool tp_mla = false;                      // RT039
     bool tp_moe_without_sp = false;           // RT040
     bool tp_model_features = false;           // RT041 (MTP, tied embeddings, layernorm recompute)
-    bool tp_router_losses = false;            // RT042 (aux / z loss, expert bias)
+    bool tp_router_losses = false;            // RT042 (aux / z loss, expert bias; runs now)
     bool tp_pipeline = false;                 // RT043 (runs now)
 
     // What the runtime on this branch executes.

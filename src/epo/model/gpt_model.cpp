@@ -134,8 +134,6 @@ GptModel::GptModel(const GptShape& shape)
                      .recompute = shape.recompute};
         if (tp > 1) {
             s.tokens = shape.local_tokens();
-            // The MoE block's sequences: the rank's shard is one piece of them under SP.
-            s.num_sequences = shape.sequence_parallel ? 1 : shape.micro_batch_size;
             s.attn.num_heads =
                 tp_range(shape.attn.num_heads, tp, shape.tp_rank, "model.num_attention_heads")
                     .size();

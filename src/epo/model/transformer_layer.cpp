@@ -240,8 +240,12 @@ void pre_dispatch_forward(const LayerShape& s, const LayerParams& p, const RopeT
         return;
     }
 
+    // Under sequence parallelism the rank routes its rows of the micro-batch: the router takes
+    // its losses' token counts over the TP group, as Megatron-Core's over tp_cp.
+    comm::Communicator* sequence_group =
+        s.tp_size > 1 && s.sequence_parallel ? &layer_tp(s, a) : nullptr;
     moe::block_pre_dispatch_forward(block_of(s, p, a), st.n2, s.num_sequences, st.moe, ar,
-                                    a.scratch);
+                                    a.scratch, sequence_group);
     st.router_reads_n2 = st.moe.router.x.raw() == st.n2.raw();
     forget_recomputed(s, st);
     const moe::RouterOutput& router = st.moe.router;

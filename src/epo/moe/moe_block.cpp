@@ -56,7 +56,8 @@ TokenRows combine_grad_rows(const MoeConfig& /*cfg*/, std::int64_t num_tokens, i
 }
 
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
-                                MoeBlockState& st, Arena& arena, Arena* scratch) {
+                                MoeBlockState& st, Arena& arena, Arena* scratch,
+                                comm::Communicator* sequence_group) {
     const std::int64_t T = x.dim(0);
     st.shared_out = Tensor();
     if (b.cfg.has_shared_experts() && !b.cfg.shared_expert_overlap) {
@@ -65,7 +66,7 @@ void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t
             b.params.shared, x, st.shared_out, st.shared, arena,
             b.cfg.recompute_shared_experts ? FfnRecompute::kAll : FfnRecompute::kNone, scratch);
     }
-    st.router = router_forward(b.cfg, b.params.router, x, num_sequences, arena);
+    st.router = router_forward(b.cfg, b.params.router, x, num_sequences, arena, sequence_group);
     st.experts.resize(static_cast<size_t>(num_chunks(b)));
     if (!st.dispatch)
         st.dispatch = b.dispatcher.new_state();

@@ -80,12 +80,15 @@ struct MoeBlockState {
     Tensor dy;          // (T, H) compute dtype: the output gradient, kept for the shared expert
 };
 
-// x (T, H) compute dtype; `num_sequences` sequences of T / num_sequences tokens (seq_aux_loss).
-// The state's buffers come from `arena` (the micro-batch's, kept until its backward); what
-// selective recompute does not keep (cfg.recompute_shared_experts, cfg.recompute_moe_act) from
-// `scratch`, the node's, which those settings need.
+// x (T, H) compute dtype; the micro-batch's `num_sequences` sequences (seq_aux_loss). With
+// `sequence_group` (sequence parallelism: the TP group, the node's stream's communicator) x is this
+// rank's shard of the micro-batch and the router takes its loss statistics over the group
+// (router.h). The state's buffers come from `arena` (the micro-batch's, kept until its backward);
+// what selective recompute does not keep (cfg.recompute_shared_experts, cfg.recompute_moe_act)
+// from `scratch`, the node's, which those settings need.
 void block_pre_dispatch_forward(const MoeBlock& b, const Tensor& x, std::int64_t num_sequences,
-                                MoeBlockState& st, Arena& arena, Arena* scratch = nullptr);
+                                MoeBlockState& st, Arena& arena, Arena* scratch = nullptr,
+                                comm::Communicator* sequence_group = nullptr);
 // Shared-expert overlap (cfg.shared_expert_overlap; without it pre_dispatch runs the shared
 // expert and pre_dispatch's backward its dgrad, backward_dw its wgrad): the shared expert is a
 // node of its own on the compute stream, which the schedule issues right after the dispatch

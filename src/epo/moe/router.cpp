@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
+#include "epo/comm/communicator.h"
 #include "epo/kernels/gemm.h"
 #include "epo/kernels/rows.h"
 #include "epo/moe/weight_grad.h"
@@ -86,6 +88,19 @@ void aux_scores_row(const MoeConfig& cfg, const float* scores, float* s_aux) {
     }
 }
 
+// counts[i] = the sum over the group's ranks, in group-rank order, of their counts[i]. Integers,
+// so the sum is exact and the same on every rank; an all-gather (the communicator's deadline
+// bounds it) rather than the fp32 all-reduce, which is exact only below 2^24.
+void sum_counts_over_group(comm::Communicator& group, std::vector<std::int64_t>& counts) {
+    const std::size_t n = counts.size();
+    std::vector<std::int64_t> all(n * static_cast<std::size_t>(group.size()));  // [rank, i]
+    group.all_gather(std::span<const std::int64_t>(counts), std::span<std::int64_t>(all));
+    std::fill(counts.begin(), counts.end(), 0);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+        counts[i % n] += all[i];
+    }
+}
+
 // The weight operand of the router's products.
 const Tensor& weight_operand(const MoeConfig& cfg, const RouterParams& params) {
     EPO_CHECK(params.weight.compute_dtype() == router_dtype(cfg),
@@ -125,22 +140,28 @@ RouterParams make_router_params(const MoeConfig& cfg) {
 }
 
 RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, const Tensor& x,
-                            std::int64_t num_sequences, Arena& arena) {
+                            std::int64_t num_sequences, Arena& arena,
+                            comm::Communicator* sequence_group) {
     const std::int64_t t_count = x.dim(0), e_count = cfg.num_experts, k = cfg.topk;
     check_tensor(x, {t_count, cfg.hidden_size}, compute_dtype(cfg), "router input x");
-    if (num_sequences < 1 || t_count % num_sequences != 0) {
+    const int group_size = sequence_group ? sequence_group->size() : 1;
+    const std::int64_t total_tokens = t_count * group_size;  // N
+    if (num_sequences < 1 || total_tokens % num_sequences != 0) {
         throw Error(ErrorKind::kUsage,
-                    fmt::format("router: {} tokens do not split into {} sequences of equal length",
-                                t_count, num_sequences));
+                    fmt::format("router: {} tokens ({} on each of {} ranks) do not split into {} "
+                                "sequences of equal length",
+                                total_tokens, t_count, group_size, num_sequences));
     }
     RouterOutput out;
+    out.num_sequences = num_sequences;
+    out.total_tokens = total_tokens;
+    out.row_begin = sequence_group ? t_count * sequence_group->rank() : 0;
     out.x = x;
     if (router_dtype(cfg) != x.dtype()) {  // fp32 router in bf16 mode
         out.x = arena.alloc(x.shape(), DType::kF32);
         convert_bf16_to_f32(x.data<BF16>(), out.x.data<float>(),
                             static_cast<std::size_t>(x.numel()));
     }
-    out.num_sequences = num_sequences;
     out.logits = arena.alloc({t_count, e_count}, DType::kF32);
     out.scores = arena.alloc({t_count, e_count}, DType::kF32);
     out.topk_index = arena.alloc({t_count, k}, DType::kI32);
@@ -149,7 +170,7 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
     out.routed_counts.assign(static_cast<std::size_t>(e_count), 0);
     const bool aux = has_aux_loss(cfg), z = cfg.z_loss_coeff > 0;
     if (aux) {
-        out.aux_counts.assign(static_cast<std::size_t>(num_sequences * e_count), 0);
+        out.aux_counts.assign(static_cast<std::size_t>(out.num_sequences * e_count), 0);
     }
     if (z) {
         out.lse = arena.alloc({t_count}, DType::kF32);
@@ -168,10 +189,11 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
         arena.alloc({std::max<std::int64_t>(cfg.num_groups, 1)}, DType::kI32).data<std::int32_t>();
     std::int32_t* best = arena.alloc({k}, DType::kI32).data<std::int32_t>();
     std::int32_t* aux_idx = arena.alloc({k}, DType::kI32).data<std::int32_t>();
-    std::vector<double> aux_prob_sum(aux ? static_cast<std::size_t>(num_sequences * e_count) : 0);
+    std::vector<double> aux_prob_sum(aux ? static_cast<std::size_t>(out.num_sequences * e_count)
+                                         : 0);
     double z_sum = 0.0;
     const float* bias = cfg.enable_expert_bias ? params.expert_bias.data<float>() : nullptr;
-    const std::int64_t seq_len = t_count / num_sequences;
+    const std::int64_t seq_len = total_tokens / out.num_sequences;
 
     for (std::int64_t t = 0; t < t_count; ++t) {
         const float* l = out.logits.data<float>() + t * e_count;
@@ -232,7 +254,7 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
             ++out.routed_counts[static_cast<std::size_t>(idx[j])];
         }
         if (aux) {
-            const std::int64_t b = t / seq_len;
+            const std::int64_t b = (out.row_begin + t) / seq_len;
             aux_scores_row(cfg, s, s_aux);
             topk_indices(s_aux, e_count, k, aux_idx);
             for (std::int64_t j = 0; j < k; ++j) {
@@ -243,6 +265,10 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
             }
         }
     }
+    if (aux && group_size > 1) {
+        // The whole micro-batch's counts: every rank's, summed in group-rank order.
+        sum_counts_over_group(*sequence_group, out.aux_counts);
+    }
     if (aux) {
         // Each sequence's loss E / (K L^2) sum_e P_b[e] c_b[e], averaged over sequences.
         double total = 0.0;
@@ -252,10 +278,11 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
         const double l2 = static_cast<double>(seq_len) * static_cast<double>(seq_len);
         out.aux_loss = static_cast<float>(cfg.aux_loss_coeff * static_cast<double>(e_count) /
                                           (static_cast<double>(k) * l2) * total /
-                                          static_cast<double>(num_sequences));
+                                          static_cast<double>(out.num_sequences));
     }
     if (z) {
-        out.z_loss = static_cast<float>(cfg.z_loss_coeff * z_sum / static_cast<double>(t_count));
+        out.z_loss =
+            static_cast<float>(cfg.z_loss_coeff * z_sum / static_cast<double>(total_tokens));
     }
     return out;
 }
@@ -267,7 +294,7 @@ void router_backward_dlogits(const MoeConfig& cfg, const RouterParams& params,
     check_tensor(dweight, {t_count, k}, DType::kF32, "router dweight");
     out.dlogits = arena.alloc({t_count, e_count}, DType::kF32);
     const bool aux = has_aux_loss(cfg), z = cfg.z_loss_coeff > 0;
-    const std::int64_t seq_len = t_count / out.num_sequences;
+    const std::int64_t seq_len = out.total_tokens / out.num_sequences;
     // d aux / d s_aux[t, e] = aux_scale * c_b[e]
     const float aux_scale =
         aux ? static_cast<float>(static_cast<double>(loss_grad_scale) * cfg.aux_loss_coeff *
@@ -278,7 +305,7 @@ void router_backward_dlogits(const MoeConfig& cfg, const RouterParams& params,
             : 0.0f;
     const float z_scale =
         z ? static_cast<float>(static_cast<double>(loss_grad_scale) * cfg.z_loss_coeff * 2.0 /
-                               static_cast<double>(t_count))
+                               static_cast<double>(out.total_tokens))
           : 0.0f;
     const float scale =
         cfg.topk_scaling_factor ? static_cast<float>(*cfg.topk_scaling_factor) : 1.0f;
@@ -337,7 +364,7 @@ void router_backward_dlogits(const MoeConfig& cfg, const RouterParams& params,
         }
         // Load-balancing loss -> logits (through s_aux only).
         if (aux) {
-            const std::int64_t b = t / seq_len;
+            const std::int64_t b = (out.row_begin + t) / seq_len;
             for (std::int64_t e = 0; e < e_count; ++e) {
                 ga[e] = aux_scale * static_cast<float>(
                                         out.aux_counts[static_cast<std::size_t>(b * e_count + e)]);

@@ -13,14 +13,28 @@
 // Top-k order: descending value, ties to the lower expert index; this order is also the k order
 // the combine sums in.
 //
-// Losses, per micro-batch from this rank's T tokens (sequence b = tokens [b*L, (b+1)*L)):
-//   aux_loss     = coeff * E / (K * T^2) * sum_e (sum_t s_aux[t,e]) * c[e]
+// Losses, per micro-batch of N tokens (sequence b = tokens [b*L, (b+1)*L), L = N / B):
+//   aux_loss     = coeff * E / (K * N^2) * sum_e (sum_t s_aux[t,e]) * c[e]
 //   seq_aux_loss = coeff * mean_b [ E / (K * L^2) * sum_e (sum_{t in b} s_aux[t,e]) * c_b[e] ]
-//   z_loss       = z_coeff * mean_t (logsumexp_e logits[t,e])^2
+//   z_loss       = z_coeff / N * sum_t (logsumexp_e logits[t,e])^2
+// (The code takes B sequences for both: with B > 1, as the model passes micro_batch_size, aux_loss
+// is counted per sequence as seq_aux_loss is, where the reference pools the micro-batch.)
 // s_aux = softmax of all logits (softmax router) or sigmoid / (its per-token sum + 1e-20)
 // (sigmoid router); c counts the tokens whose plain top-k of s_aux (no bias, no groups, before
 // capacity drops) includes e. The gradient flows through s_aux only, scaled by the caller's
 // loss_grad_scale (the factor the language-model loss gradient carries).
+//
+// Sequence parallelism (a `sequence_group` of n ranks given to router_forward): the micro-batch's
+// N = n T tokens are split over the group, rank r routing rows [r T, (r + 1) T) of them (the TP
+// group's sequence shards, model/tensor_parallel.h). As Megatron-Core's router does over its
+// tp_cp group: c (c_b) counts the whole micro-batch's tokens (each rank's counts all-gathered over
+// the group and summed in group-rank order: integers, so exact and the same on every rank), N and
+// L are the whole micro-batch's, and the sums over t run over this rank's rows only. So each
+// rank's aux_loss and z_loss are its share (Megatron-Core's z_coeff / n times the mean over the
+// rank's rows is z_coeff / N times their sum) and the shares sum to the micro-batch's losses over
+// the group; so do the router weight's gradients, which the TP group sums. Without a group
+// (n = 1) N = T. routed_counts stay this rank's (the expert-bias update sums them).
+
 #pragma once
 
 #include <cstdint>
@@ -30,6 +44,10 @@
 #include "epo/moe/moe_config.h"
 #include "epo/tensor/arena.h"
 #include "epo/tensor/param.h"
+
+namespace epo::comm {
+class Communicator;
+}  // namespace epo::comm
 
 namespace epo::moe {
 
@@ -51,18 +69,27 @@ struct RouterOutput {
     Tensor topk_prob;    // [T, K] f32 routing weights before the scaling factor
     Tensor topk_weight;  // [T, K] f32 p: the weights the experts apply
     std::vector<std::int64_t> routed_counts;  // [E] tokens routed to each expert (before drops)
-    std::vector<std::int64_t> aux_counts;     // [B, E] c_b[e] for the load-balancing loss
-    std::int64_t num_sequences = 1;           // B
-    float aux_loss = 0.0f;                    // aux_loss or seq_aux_loss (0 when off)
-    float z_loss = 0.0f;
-    Tensor dlogits;    // [T, E] f32, from router_backward_dgrad
-    Tensor dlogits_c;  // [T, E] in router_dtype (the GEMM operand)
+    std::vector<std::int64_t> aux_counts;     // [B, E] c_b[e] for the load-balancing loss (over
+                                              // the whole micro-batch)
+    std::int64_t num_sequences = 1;           // B (of the whole micro-batch)
+    std::int64_t total_tokens = 0;            // N: T, or n T over a sequence group
+    std::int64_t row_begin = 0;               // this rank's first row among the N
+    float aux_loss = 0.0f;                    // aux_loss or seq_aux_loss (0 when off); with a
+                                              // sequence group, this rank's share
+    float z_loss = 0.0f;                      // ... likewise
+    Tensor dlogits;                           // [T, E] f32, from router_backward_dgrad
+    Tensor dlogits_c;                         // [T, E] in router_dtype (the GEMM operand)
 };
 
 RouterParams make_router_params(const MoeConfig& cfg);
 
+// x [T, H]: this rank's rows of a micro-batch of `num_sequences` sequences. `sequence_group`
+// (null or of size 1: the micro-batch is all here) is the group whose ranks hold the other rows
+// (above); with the load-balancing loss on, router_forward is collective over it (an all-gather
+// of the counts, on the caller's stream's communicator, bounded by its deadline).
 RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, const Tensor& x,
-                            std::int64_t num_sequences, Arena& arena);
+                            std::int64_t num_sequences, Arena& arena,
+                            comm::Communicator* sequence_group = nullptr);
 
 // dlogits from dweight ([T, K] f32, dL/dp; zero for dropped slots) and the loss gradients;
 // then dx_acc ([T, H] f32) += dlogits W_r. The two halves below, for callers that fuse the

@@ -1,11 +1,27 @@
 #include "epo/train/expert_bias_update.h"
 
+#include <algorithm>
 #include <span>
 #include <vector>
 
 namespace epo::train {
+namespace {
 
-void update_expert_biases(model::GptModel& model, comm::Communicator& dp) {
+// counts[i] = the sum of every rank's counts[i] over `group`, in rank order (exact: integers).
+void sum_expert_counts(comm::Communicator& group, std::vector<int64_t>& counts) {
+    if (group.size() == 1)
+        return;
+    // all[r * E + e]: rank r's count of expert e.
+    std::vector<int64_t> all(counts.size() * static_cast<size_t>(group.size()));
+    group.all_gather(std::span<const int64_t>(counts), std::span<int64_t>(all));
+    std::fill(counts.begin(), counts.end(), 0);
+    for (size_t i = 0; i < all.size(); ++i)
+        counts[i % counts.size()] += all[i];
+}
+
+}  // namespace
+
+void update_expert_biases(model::GptModel& model, comm::Communicator& tp, comm::Communicator& dp) {
     const model::GptShape& s = model.shape();
     if (!s.moe.enable_expert_bias)
         return;
@@ -16,12 +32,12 @@ void update_expert_biases(model::GptModel& model, comm::Communicator& dp) {
         moe::RouterParams& router = model.layer(static_cast<int>(l)).moe.router;
         if (!router.expert_bias.defined())
             continue;
-        // all[r * E + e]: rank r's count of expert e.
-        std::vector<int64_t> all(stats.routed_counts.size() * static_cast<size_t>(dp.size()));
-        dp.all_gather(std::span<const int64_t>(stats.routed_counts), std::span<int64_t>(all));
-        std::vector<int64_t> total(stats.routed_counts.size(), 0);
-        for (size_t i = 0; i < all.size(); ++i)
-            total[i % total.size()] += all[i];
+        std::vector<int64_t> total = stats.routed_counts;
+        // Why the TP group first: under sequence parallelism its ranks routed disjoint rows of the
+        // same micro-batches, so their sum is the DP rank's count.
+        if (s.tp_size > 1 && s.sequence_parallel)
+            sum_expert_counts(tp, total);
+        sum_expert_counts(dp, total);
         moe::update_expert_bias(router.expert_bias, total, s.moe.expert_bias_update_rate);
     }
 }

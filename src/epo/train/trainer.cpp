@@ -366,10 +366,12 @@ void Trainer::issue_optimizer_step(const schedule::IssuedEvents& issued, StepRes
 // Runs on the compute stream after the optimizer step's updates.
 void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     comm::ProcessGroups& groups = ctx.comm();
-    update_expert_biases(*model_, groups.dp);
+    update_expert_biases(*model_, groups.tp, groups.dp);
 
     // Losses: this rank's micro-batch mean, then the mean over data-parallel ranks; the
-    // load-balancing loss as the mean over MoE layers and micro-batches of aux loss / coeff.
+    // load-balancing loss as the mean over MoE layers and micro-batches of aux loss / coeff (under
+    // sequence parallelism a rank's aux loss is its share of the micro-batch's: the TP group's
+    // sum is the micro-batch's, as Megatron-Core's tracker sums over tp_cp before the DP mean).
     // With stages only the last one has losses; the pipeline group's sum adds exact zeros to
     // them, so every rank gets the last stage's bits.
     const model::GptShape& s = model_->shape();
@@ -395,8 +397,10 @@ void Trainer::finish_step(runtime::StreamContext& ctx, StepResult& result) {
     for (int64_t l = 0; l < s.num_layers; ++l)
         num_moe_layers += s.moe_layers[static_cast<size_t>(l)];
     if (num_moe_layers > 0 && s.moe.aux_loss_coeff > 0) {
-        const double local = load_balancing_sum(groups) / s.moe.aux_loss_coeff /
-                             (static_cast<double>(num_moe_layers) * num_micro_batches_);
+        double local = load_balancing_sum(groups) / s.moe.aux_loss_coeff /
+                       (static_cast<double>(num_moe_layers) * num_micro_batches_);
+        if (s.tp_size > 1 && s.sequence_parallel)
+            local = group_sum(groups.tp, local);
         result.load_balancing_loss = group_sum(groups.dp, local) / groups.dp.size();
     }
 }
