@@ -132,9 +132,13 @@ GptModel::GptModel(const GptShape& shape)
     const int64_t vocab_rows = tp_range(shape.vocab, tp, shape.tp_rank, "model.vocab_size").size();
     EPO_CHECK(shape.etp_size >= 1 && shape.etp_rank >= 0 && shape.etp_rank < shape.etp_size,
               "ETP rank {} of {}", shape.etp_rank, shape.etp_size);
-    if (shape.etp_size > 1)
-        tp_range(shape.moe.ffn_hidden_size, shape.etp_size, shape.etp_rank,
-                 "model.moe_ffn_hidden_size");
+    if (shape.etp_size > 1 && shape.moe.ffn_hidden_size % shape.etp_size != 0) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("model.moe_ffn_hidden_size={} is not divisible by "
+                                "model.expert_tensor_parallel_size={}: each ETP rank holds an "
+                                "equal part of every expert; choose a multiple of {}",
+                                shape.moe.ffn_hidden_size, shape.etp_size, shape.etp_size));
+    }
     if (shape.sequence_parallel)
         tp_range(shape.tokens(), tp, shape.tp_rank, "micro_batch_size x seq_length");
     if (shape.holds(-1) || shape.holds_embedding_copy())
