@@ -154,16 +154,16 @@ TEST(ExpertTensorParallel, GptModelMatchesOneRank) {
 
 // The ETP split of the experts' FFN must divide it, named in the error.
 TEST(ExpertTensorParallelShape, RefusesAnFfnTheGroupDoesNotDivide) {
-    GptShape s{.num_layers = 1,
-               .hidden = 8,
-               .vocab = 16,
-               .seq_length = 4,
-               .micro_batch_size = 1,
-               .attn = {.hidden = 8, .num_heads = 2, .num_groups = 1, .head_dim = 4,
-                        .seq_length = 4},
-               .ffn_hidden = 8,
-               .moe_layers = {true},
-               .compute_dtype = DType::kF32};
+    GptShape s{
+        .num_layers = 1,
+        .hidden = 8,
+        .vocab = 16,
+        .seq_length = 4,
+        .micro_batch_size = 1,
+        .attn = {.hidden = 8, .num_heads = 2, .num_groups = 1, .head_dim = 4, .seq_length = 4},
+        .ffn_hidden = 8,
+        .moe_layers = {true},
+        .compute_dtype = DType::kF32};
     s.moe.hidden_size = 8;
     s.moe.num_experts = 2;
     s.moe.topk = 1;

@@ -59,8 +59,8 @@ std::string_view tp_combination(const Config& c) {
     return "";
 }
 
-// The id of the first combination with expert tensor parallelism that does not run (RT044-RT046),
-// "" when ETP = 1 or none applies (ETP itself is RT004).
+// The id of the first combination with expert tensor parallelism that runs without it
+// (RT044-RT046), "" when ETP = 1 or none applies (ETP itself is RT004).
 std::string_view etp_combination(const Config& c) {
     const ModelConfig& m = c.model;
     if (expert_tensor_parallel_size(m) <= 1)
@@ -452,7 +452,7 @@ const std::vector<FeatureRow>& rows() {
                          show(c.model.moe_ep_overlap_num_chunks));
          },
          "set model.moe_ep_overlap_num_chunks=1, or model.expert_tensor_parallel_size=1"},
-        // Not run or tested with pipeline stages yet.
+        // Runs now (PipelineExpertTensorParallel test: ETP with stages equals one stage).
         {{"RT046", "expert tensor parallelism with pipeline parallelism", &RC::etp_pipeline},
          [](C c) {
              return when(etp_combination(c) == "RT046", "model.pipeline_model_parallel_size",
@@ -486,6 +486,7 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     // moe/alltoall_dispatcher.h (ETP gather / reduce-scatter), model/gpt_model.h (ETP shards),
     // train/optimizer.h (the norm's ETP sum); tests/train/expert_tensor_parallel_mpi_test.cpp.
     caps.expert_tensor_parallel = true;
+    caps.etp_pipeline = true;  // tests/train/expert_tensor_parallel_mpi_test.cpp
     return caps;
 }
 

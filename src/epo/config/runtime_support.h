@@ -62,7 +62,7 @@ struct RuntimeCapabilities {
     bool tp_pipeline = false;                 // RT043 (runs now)
     bool etp_flex = false;                    // RT044 (the flex dispatcher with ETP > 1)
     bool etp_expert_chunks = false;           // RT045 (MoE chunks with ETP > 1)
-    bool etp_pipeline = false;                // RT046 (ETP > 1 with PP > 1)
+    bool etp_pipeline = false;                // RT046 (ETP > 1 with PP > 1; runs now)
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();
