@@ -54,10 +54,11 @@ class ExpertTensorParallelTrainer : public ::testing::TestWithParam<int> {};  //
 
 TEST_P(ExpertTensorParallelTrainer, MatchesExpertTensorParallelOne) {
     constexpr int kSteps = 6;
-    // Seen (6 steps): see docs/runtime.md "Tensor parallelism". A missing ETP reduce-scatter
-    // halves the experts' output, a shard counted once too often in the norm or ETP ranks
-    // computing on their own rows only are off by far more.
-    constexpr double kLossTol = 1e-4, kNormTol = 2e-3;
+    // Seen (6 steps): losses within 2.2e-5, grad norms within 1.8e-4 (2 and 4 ranks, TP 1 and 2;
+    // bf16 expert outputs summed over the ETP ranks). Mutations: no ETP sum in the reduce-scatter
+    // (each rank keeps its own partial) is 2.3e-3 off in the losses; the norm without the ETP
+    // group's sum (each shard's squares counted on its rank only) 1.6e-3 in the grad norms.
+    constexpr double kLossTol = 1e-4, kNormTol = 5e-4;
     const int world = comm::current_world_size();
     const int rank = comm::current_world_rank();
     const int tp = GetParam(), ep = world / 2;
