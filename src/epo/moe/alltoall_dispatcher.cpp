@@ -71,7 +71,7 @@ comm::Communicator& etp_of(const AlltoallDispatch& d, comm::Communicator* etp_co
     return *etp_comm;
 }
 
-// out (sum of counts, C) = every ETP rank's `in` (counts[q] rows of C items of `item_bytes`), in
+// out (sum of counts, C) = every ETP rank's `in` (counts[q] rows of `row_bytes_of` bytes), in
 // ETP-rank order: a variable all-gather, as an all-to-all sending the same block to every rank.
 void etp_gather_rows(comm::Communicator& etp, const Tensor& in, const Tensor& out,
                      const std::vector<int64_t>& counts, size_t row_bytes_of) {
