@@ -127,6 +127,24 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.pipeline_model_parallel_size = 2;
              c.model.num_moe_experts.reset();
          }},
+        {"RT044",
+         [](Config& c) {
+             c.model.expert_tensor_parallel_size = 2;
+             c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
+             c.model.moe_flex_dispatcher_backend = FlexBackend::kDeepep;
+             c.model.expert_model_parallel_size = 2;
+         }},
+        {"RT045",
+         [](Config& c) {
+             c.model.expert_tensor_parallel_size = 2;
+             c.model.overlap_moe_expert_parallel_comm = true;
+             c.model.moe_ep_overlap_num_chunks = 2;
+         }},
+        {"RT046",
+         [](Config& c) {
+             c.model.expert_tensor_parallel_size = 2;
+             c.model.pipeline_model_parallel_size = 2;
+         }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;
@@ -292,6 +310,32 @@ TEST(RuntimeSupport, ValidateWarnsRunsRefuse) {
     EXPECT_TRUE(runtime_ids(validate(c).warnings).empty());
 }
 
+// Expert tensor parallelism runs (RT004 lifted) with the alltoall dispatcher, at TP 1 and with TP;
+// with pipeline stages too (RT046); its combinations with the flex dispatcher and MoE chunks stay
+// refused (RT044, RT045), each naming the field and a fix that keeps or drops ETP.
+TEST(RuntimeSupport, CurrentRuntimeRunsExpertTensorParallelButNotItsCombinations) {
+    Config c = make_recipe("tiny-moe");
+    uses().at("RT004")(c);
+    EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    c.model.overlap_moe_expert_parallel_comm = true;  // one chunk: runs
+    EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
+    // With pipeline stages it runs too (RT046 is for a runtime without that).
+    Config staged = make_recipe("tiny-moe");
+    uses().at("RT046")(staged);
+    EXPECT_TRUE(runtime_findings(staged, RuntimeCapabilities::current()).empty());
+    for (const char* id : {"RT044", "RT045"}) {
+        SCOPED_TRACE(id);
+        Config refused = make_recipe("tiny-moe");
+        uses().at(id)(refused);
+        const auto f = runtime_findings(refused, RuntimeCapabilities::current());
+        ASSERT_EQ(runtime_ids(f), std::vector<std::string>{id});
+        EXPECT_NE(f[0].fix.find("expert_tensor_parallel_size=1"), std::string::npos) << f[0].fix;
+        EXPECT_EQ(f[0].field, id == std::string("RT045")   ? "model.moe_ep_overlap_num_chunks"
+                              : id == std::string("RT046") ? "model.pipeline_model_parallel_size"
+                                                           : "model.expert_tensor_parallel_size");
+    }
+}
+
 // TP with sequence parallelism runs (RT001, RT005 lifted) for MoE at ETP 1, with the router's
 // aux loss, z loss and expert bias (RT042 lifted: their statistics over the TP group) and with
 // pipeline stages (RT043); its combinations RT039-RT041 stay refused, one id each.
@@ -307,9 +351,9 @@ TEST(RuntimeSupport, CurrentRuntimeRunsTensorAndSequenceParallelButNotItsCombina
     router.model.moe_router_score_function = ScoreFunction::kSigmoid;
     router.model.moe_router_enable_expert_bias = true;
     EXPECT_TRUE(runtime_findings(router, RuntimeCapabilities::current()).empty());
+    // With ETP 2 too (RT004 lifted: tests/train/expert_tensor_parallel_mpi_test.cpp).
     c.model.expert_tensor_parallel_size = 2;
-    EXPECT_EQ(runtime_ids(runtime_findings(c, RuntimeCapabilities::current())),
-              std::vector<std::string>{"RT004"});
+    EXPECT_TRUE(runtime_findings(c, RuntimeCapabilities::current()).empty());
     // With pipeline stages it runs too (RT043 is for a runtime without that).
     Config staged = make_recipe("tiny-moe");
     uses().at("RT043")(staged);

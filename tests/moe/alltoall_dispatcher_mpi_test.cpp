@@ -236,5 +236,72 @@ TEST(TokenDispatcher, BackwardAllToAllsSwapTheSplits) {
     EXPECT_EQ(moved.received(), (d.layout.send_extent() - d.layout.send_counts[me]) * row);
 }
 
+// Expert tensor parallelism: for every ETP size that divides the world (EP = world / ETP), the
+// experts see the rows of their ETP group's ranks' EP groups, ETP-major (ETP rank q's EP sources,
+// then q + 1's), each in rank and token order; with identity experts every ETP rank's output is the
+// rows, so the reduce-scatter gives ETP x (kept k) x each token, and the backward ETP x that again
+// (the gather of dy, then the reduce-scatter of the identity's row and weight gradients).
+TEST(TokenDispatcher, ExpertTensorParallelGathersAndReduceScattersTheGroupsRows) {
+    if (world_size() < 2)
+        GTEST_SKIP() << "ETP needs 2 ranks";
+    const int me = world_rank();
+    for (int etp_size = 2; etp_size <= world_size(); ++etp_size) {
+        if (world_size() % etp_size != 0)
+            continue;
+        const int ep_size = world_size() / etp_size;
+        SCOPED_TRACE(::testing::Message() << "etp " << etp_size << " ep " << ep_size);
+        comm::ParallelLayout layout{world_size(), ep_size, 8};
+        layout.expert_tensor_parallel_size = etp_size;
+        auto groups = comm::ProcessGroups::create(layout, comm::CommOptions{.timeout_s = 120},
+                                                  "test", nullptr);
+        comm::Communicator &ep = groups->ep, &etp = groups->etp;
+        ASSERT_EQ(etp.size(), etp_size);
+        const MoeConfig cfg = dispatch_config(12, 2);
+        const Tokens mine = make_tokens(me, cfg.topk, cfg.num_experts, Routing::kSpread);
+        Arena arena;
+        AlltoallDispatch d;
+        alltoall::dispatch_preprocess(cfg, ep.size(), ep.rank(), mine.routing, d, arena);
+        alltoall::dispatch_permute(mine.routing, mine.x, d);
+        alltoall::exchange_counts(cfg, ep, d, arena, 1, &etp);
+        alltoall::token_dispatch(ep, d, {}, &etp);
+        alltoall::dispatch_postprocess(d);
+        // World rank of ETP rank q's EP rank p (etp-ep-edp order, ETP innermost).
+        const int edp = me / (etp_size * ep_size);
+        std::vector<int> sources;
+        for (int q = 0; q < etp_size; ++q)
+            for (int p = 0; p < ep_size; ++p)
+                sources.push_back(q + etp_size * (p + ep_size * edp));
+        expect_expert_major(cfg, d, sources, Routing::kSpread, d.expert_rows, d.expert_probs);
+
+        d.expert_out.copy_from(d.expert_rows);
+        alltoall::combine_preprocess(d);
+        alltoall::token_combine(ep, d, {}, &etp);
+        Tensor y = arena.alloc({tokens_of(me), kWidth}, DType::kF32);
+        alltoall::combine_postprocess(d, Tensor(), y);
+        Tensor etp_x = Tensor::empty(mine.x.shape(), DType::kF32);
+        for (std::int64_t i = 0; i < mine.x.numel(); ++i)
+            etp_x.data<float>()[i] = static_cast<float>(etp_size) * mine.x.data<float>()[i];
+        expect_kept_times(d, etp_x, y);
+
+        alltoall::combine_postprocess_backward(mine.x, d, arena);
+        alltoall::token_combine_backward(ep, d, {}, &etp);
+        alltoall::combine_preprocess_backward(d);
+        expect_expert_major(cfg, d, sources, Routing::kSpread, d.d_expert_out, Tensor());
+        d.d_expert_rows.copy_from(d.d_expert_out);
+        d.d_expert_probs.copy_from(d.expert_probs);
+        alltoall::dispatch_postprocess_backward(d);
+        alltoall::token_dispatch_backward(ep, d, {}, &etp);
+        Tensor dx = arena.alloc({tokens_of(me), kWidth}, DType::kF32);
+        Tensor dweight = arena.alloc({tokens_of(me), cfg.topk}, DType::kF32);
+        alltoall::dispatch_permute_backward(d, dx, dweight);
+        expect_kept_times(d, etp_x, dx);
+        for (std::int64_t t = 0; t < tokens_of(me); ++t)
+            for (std::int64_t q = 0; q < cfg.topk; ++q)
+                ASSERT_EQ(dweight.data<float>()[t * cfg.topk + q],
+                          static_cast<float>(etp_size) * weight_code(me, t, q))
+                    << "token " << t << " slot " << q;
+    }
+}
+
 }  // namespace
 }  // namespace epo::moe

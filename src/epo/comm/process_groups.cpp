@@ -170,7 +170,8 @@ std::unique_ptr<ProcessGroups> ProcessGroups::create(const ParallelLayout& layou
                 make(GroupKind::kDataParallel), make(GroupKind::kExpertDataParallel),
                 make(GroupKind::kNode), make_ep(false), make_ep(true),
                 make_pipeline_group(at, options, owner, watchdog, parent),
-                make(GroupKind::kTensorParallel), std::nullopt, std::nullopt});
+                make(GroupKind::kTensorParallel), make(GroupKind::kExpertTensorParallel),
+                std::nullopt, std::nullopt});
             // Links k = 0 .. P-1, each a split every rank takes part in (MPI_UNDEFINED outside
             // it): stage k is group rank 0, stage k+1 mod P group rank 1.
             const int P = layout.pipeline_model_parallel_size;
@@ -227,16 +228,16 @@ Communicator& ProcessGroups::group(GroupKind kind) {
         case GroupKind::kPipeline:
             return pp;
         case GroupKind::kExpertTensorParallel:
-            break;
+            return etp;
     }
-    EPO_CHECK(false, "stream {} has no {} communicator (expert tensor parallelism is not run)",
-              world.name(), group_name(kind));
+    EPO_CHECK(false, "stream {} has no {} communicator", world.name(), group_name(kind));
     return world;
 }
 
 ByteCounts ProcessGroups::total_bytes() const {
     ByteCounts total;
-    for (const Communicator* c : {&world, &ep, &dp, &edp, &node, &ep_node, &ep_peer, &pp, &tp})
+    for (const Communicator* c :
+         {&world, &ep, &dp, &edp, &node, &ep_node, &ep_peer, &pp, &tp, &etp})
         total += c->stats().bytes;
     for (const std::optional<Communicator>* link : {&pp_next, &pp_prev, &embedding}) {
         if (link->has_value())

@@ -1,4 +1,5 @@
-// The communicators of one stream: world, tensor-parallel (tp), expert-parallel (ep),
+// The communicators of one stream: world, tensor-parallel (tp), expert-tensor-parallel (etp),
+// expert-parallel (ep),
 // data-parallel (dp), expert-data-parallel (edp) and node groups of this rank (topology.h lays
 // them out as Megatron-Core does), each its own MPI communicator, and the
 // two halves of the EP group the flex dispatcher (flex_dispatcher.h) moves tokens over: ep_node,
@@ -49,6 +50,7 @@ struct ProcessGroups {
     Communicator ep_peer;  // EP ranks of this rank's local index in their node, in EP-rank order
     Communicator pp;       // one rank per stage, in stage order (size 1 without PP)
     Communicator tp;       // TP consecutive ranks (size 1 without TP)
+    Communicator etp;      // ETP consecutive ranks: the experts' TP group (size 1 without ETP)
     std::optional<Communicator> pp_next, pp_prev;  // P > 1 only
     std::optional<Communicator> embedding;         // P > 1, stages 0 and P-1 only
 

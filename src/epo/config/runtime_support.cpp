@@ -59,6 +59,22 @@ std::string_view tp_combination(const Config& c) {
     return "";
 }
 
+// The id of the first combination with expert tensor parallelism that runs without it
+// (RT044-RT046), "" when ETP = 1 or none applies (ETP itself is RT004).
+std::string_view etp_combination(const Config& c) {
+    const ModelConfig& m = c.model;
+    if (expert_tensor_parallel_size(m) <= 1)
+        return "";
+    if (is_moe(m) && m.moe_token_dispatcher_type == DispatcherType::kFlex &&
+        m.moe_flex_dispatcher_backend)
+        return "RT044";
+    if (m.overlap_moe_expert_parallel_comm && m.moe_ep_overlap_num_chunks > 1)
+        return "RT045";
+    if (m.pipeline_model_parallel_size > 1)
+        return "RT046";
+    return "";
+}
+
 const std::vector<FeatureRow>& rows() {
     using C = const Config&;
     using RC = RuntimeCapabilities;
@@ -73,13 +89,15 @@ const std::vector<FeatureRow>& rows() {
          "set model.tensor_model_parallel_size=1 (-tp 1)"},
         {{"RT002", "pipeline parallelism (PP > 1)", &RC::pipeline_parallel},
          [](C c) {
-             // The layouts of it that do not run have ids of their own (RT027, RT033); RT028 and
-             // RT037 (tied embeddings, MTP) run with the last stage's embedding copy.
+             // The layouts of it that do not run have ids of their own (RT027, RT033, with ETP
+             // RT046); RT028 and RT037 (tied embeddings, MTP) run with the last stage's embedding
+             // copy.
              return when(
                  c.model.pipeline_model_parallel_size > 1 &&
                      !c.model.share_embeddings_and_output_weights &&
                      !interleaved_partial_group(c) && c.model.mtp_num_layers.value_or(0) == 0 &&
-                     c.model.tensor_model_parallel_size <= 1,
+                     c.model.tensor_model_parallel_size <= 1 &&
+                     expert_tensor_parallel_size(c.model) <= 1,
                  "model.pipeline_model_parallel_size", show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1 and virtual_pipeline_model_parallel_size=null"},
@@ -91,7 +109,8 @@ const std::vector<FeatureRow>& rows() {
          "set model.context_parallel_size=1"},
         {{"RT004", "expert tensor parallelism (ETP > 1)", &RC::expert_tensor_parallel},
          [](C c) {
-             return when(expert_tensor_parallel_size(c.model) > 1,
+             // Its combinations that do not run have ids of their own (RT044-RT046).
+             return when(expert_tensor_parallel_size(c.model) > 1 && etp_combination(c).empty(),
                          "model.expert_tensor_parallel_size",
                          show(expert_tensor_parallel_size(c.model)));
          },
@@ -418,6 +437,33 @@ const std::vector<FeatureRow>& rows() {
                          show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1, or model.tensor_model_parallel_size=1"},
+        // Expert tensor parallelism (RT004) runs with the alltoall dispatcher (moe/
+        // alltoall_dispatcher.h: the ETP gather and reduce-scatter inside dispatch and combine);
+        // these combinations with it do not. Megatron-Core's flex dispatcher sends each token to
+        // every ETP rank of its expert over the TP x EP group (no ETP gather), a different
+        // exchange from this runtime's flex (moe/flex_dispatcher.h), which moves over EP only.
+        {{"RT044", "the flex dispatcher with expert tensor parallelism", &RC::etp_flex},
+         [](C c) {
+             return when(etp_combination(c) == "RT044", "model.expert_tensor_parallel_size",
+                         show(expert_tensor_parallel_size(c.model)));
+         },
+         "set model.moe_token_dispatcher_type=alltoall (--moe_flex_dispatcher_backend None), or "
+         "model.expert_tensor_parallel_size=1"},
+        // A chunk's all-to-all moves only its experts' rows; the ETP gather and reduce-scatter
+        // are not split by chunk (moe/alltoall_dispatcher.h).
+        {{"RT045", "MoE expert chunks with expert tensor parallelism", &RC::etp_expert_chunks},
+         [](C c) {
+             return when(etp_combination(c) == "RT045", "model.moe_ep_overlap_num_chunks",
+                         show(c.model.moe_ep_overlap_num_chunks));
+         },
+         "set model.moe_ep_overlap_num_chunks=1, or model.expert_tensor_parallel_size=1"},
+        // Runs now (PipelineExpertTensorParallel test: ETP with stages equals one stage).
+        {{"RT046", "expert tensor parallelism with pipeline parallelism", &RC::etp_pipeline},
+         [](C c) {
+             return when(etp_combination(c) == "RT046", "model.pipeline_model_parallel_size",
+                         show(c.model.pipeline_model_parallel_size));
+         },
+         "set model.pipeline_model_parallel_size=1, or model.expert_tensor_parallel_size=1"},
     };
     return table;
 }
@@ -444,6 +490,10 @@ RuntimeCapabilities RuntimeCapabilities::current() {
     caps.tp_pipeline = true;  // tests/train/tensor_parallel_mpi_test.cpp PipelineTensorParallel
     // moe/router.h (sequence group), train/expert_bias_update.h (TP sum of the counts).
     caps.tp_router_losses = true;
+    // moe/alltoall_dispatcher.h (ETP gather / reduce-scatter), model/gpt_model.h (ETP shards),
+    // train/optimizer.h (the norm's ETP sum); tests/train/expert_tensor_parallel_mpi_test.cpp.
+    caps.expert_tensor_parallel = true;
+    caps.etp_pipeline = true;  // tests/train/expert_tensor_parallel_mpi_test.cpp
     return caps;
 }
 

@@ -24,7 +24,7 @@ struct RuntimeCapabilities {
     bool tensor_parallel = false;             // RT001
     bool pipeline_parallel = false;           // RT002
     bool context_parallel = false;            // RT003
-    bool expert_tensor_parallel = false;      // RT004
+    bool expert_tensor_parallel = false;      // RT004 (runs now, alltoall)
     bool sequence_parallel = false;           // RT005
     bool multi_token_prediction = false;      // RT006 (more than one MTP layer; one runs)
     bool multi_latent_attention = false;      // RT007
@@ -60,6 +60,9 @@ struct RuntimeCapabilities {
     bool tp_model_features = false;           // RT041 (MTP, tied embeddings, layernorm recompute)
     bool tp_router_losses = false;            // RT042 (aux / z loss, expert bias; runs now)
     bool tp_pipeline = false;                 // RT043 (runs now)
+    bool etp_flex = false;                    // RT044 (the flex dispatcher with ETP > 1)
+    bool etp_expert_chunks = false;           // RT045 (MoE chunks with ETP > 1)
+    bool etp_pipeline = false;                // RT046 (ETP > 1 with PP > 1; runs now)
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -31,6 +31,23 @@ void init_normal(Param& p, uint64_t seed, float std, uint64_t first_index = 0) {
     refresh_compute(p);
 }
 
+// Expert tensor parallelism: p = ETP rank `rank`'s shard of the local experts' weight whose
+// ETP 1 values are `full` (its first element global index `first_index`, drawn as init_normal
+// draws it): rows block by block (`blocks`: fc1's gate and up of each expert), or with no blocks
+// columns (fc2's, the experts' (H, F) matrices stacked).
+void init_normal_etp_shard(Param& p, uint64_t seed, float std, uint64_t first_index,
+                           const Shape& full, std::vector<int64_t> blocks, int size, int rank) {
+    Tensor whole = Tensor::empty(full, DType::kF32);
+    fill_normal(whole, random_bits(seed, name_hash(p.name)), 0.0f, std, first_index);
+    const int64_t cols = p.master.shape()[p.master.shape().rank - 1];
+    const Tensor shard = p.master.view({p.master.numel() / cols, cols});
+    if (blocks.empty())
+        tp_copy_column_shard(whole, size, rank, shard);
+    else
+        tp_copy_row_shard(whole, blocks, size, rank, shard);
+    refresh_compute(p);
+}
+
 void init_ones(Param& p) {
     float* w = p.master.data<float>();
     for (int64_t i = 0; i < p.master.numel(); ++i)
@@ -113,6 +130,15 @@ GptModel::GptModel(const GptShape& shape)
                           !shape.tie_embeddings && !shape.recompute.layernorm),
               "tensor parallelism with MLA, MTP, tied embeddings or the layernorm recompute");
     const int64_t vocab_rows = tp_range(shape.vocab, tp, shape.tp_rank, "model.vocab_size").size();
+    EPO_CHECK(shape.etp_size >= 1 && shape.etp_rank >= 0 && shape.etp_rank < shape.etp_size,
+              "ETP rank {} of {}", shape.etp_rank, shape.etp_size);
+    if (shape.etp_size > 1 && shape.moe.ffn_hidden_size % shape.etp_size != 0) {
+        throw Error(ErrorKind::kConfig,
+                    fmt::format("model.moe_ffn_hidden_size={} is not divisible by "
+                                "model.expert_tensor_parallel_size={}: each ETP rank holds an "
+                                "equal part of every expert; choose a multiple of {}",
+                                shape.moe.ffn_hidden_size, shape.etp_size, shape.etp_size));
+    }
     if (shape.sequence_parallel)
         tp_range(shape.tokens(), tp, shape.tp_rank, "micro_batch_size x seq_length");
     if (shape.holds(-1) || shape.holds_embedding_copy())
@@ -132,6 +158,7 @@ GptModel::GptModel(const GptShape& shape)
                      .gradient_accumulation_fusion = shape.gradient_accumulation_fusion,
                      .compute_dtype = cd,
                      .recompute = shape.recompute};
+        s.etp_size = shape.etp_size;
         if (tp > 1) {
             s.tokens = shape.local_tokens();
             s.attn.num_heads =
@@ -206,7 +233,7 @@ GptModel::GptModel(const GptShape& shape)
     layer_stats_.resize(static_cast<size_t>(shape.num_layers));
     if (any_moe) {
         dispatcher_ = moe::make_token_dispatcher(shape.moe, shape.ep_size, shape.ep_rank,
-                                                 shape.ep_ranks_per_node);
+                                                 shape.ep_ranks_per_node, shape.etp_size);
     }
 }
 
@@ -326,10 +353,23 @@ void GptModel::init_weights(uint64_t seed) {
         // This rank's experts are a slice [ep_rank * L_local, ...) of the global expert tensors.
         const uint64_t first_expert = static_cast<uint64_t>(shape_.ep_rank) *
                                       static_cast<uint64_t>(shape_.num_local_experts());
-        init_normal(p.moe.experts.fc1, seed, std,
-                    first_expert * static_cast<uint64_t>(p.moe.experts.fc1.master.row_size()));
-        init_normal(p.moe.experts.fc2, seed, out_std,
-                    first_expert * static_cast<uint64_t>(p.moe.experts.fc2.master.row_size()));
+        if (shape_.etp_size > 1) {
+            // The ETP 1 experts' values (whole FFN), then this rank's ETP shard of each.
+            const int64_t L = shape_.num_local_experts(), F = shape_.moe.ffn_hidden_size;
+            const auto first = static_cast<uint64_t>(first_expert);
+            init_normal_etp_shard(p.moe.experts.fc1, seed, std,
+                                  first * static_cast<uint64_t>(2 * F * H), {L * 2 * F, H},
+                                  std::vector<int64_t>(static_cast<size_t>(2 * L), F),
+                                  shape_.etp_size, shape_.etp_rank);
+            init_normal_etp_shard(p.moe.experts.fc2, seed, out_std,
+                                  first * static_cast<uint64_t>(H * F), {L * H, F}, {},
+                                  shape_.etp_size, shape_.etp_rank);
+        } else {
+            init_normal(p.moe.experts.fc1, seed, std,
+                        first_expert * static_cast<uint64_t>(p.moe.experts.fc1.master.row_size()));
+            init_normal(p.moe.experts.fc2, seed, out_std,
+                        first_expert * static_cast<uint64_t>(p.moe.experts.fc2.master.row_size()));
+        }
         if (shape_.moe.shared_expert_size > 0) {
             init_normal(p.moe.shared.fc1, seed, std);
             init_normal(p.moe.shared.fc2, seed, out_std);

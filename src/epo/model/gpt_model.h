@@ -107,6 +107,13 @@ struct GptShape {
     int tp_size = 1;
     int tp_rank = 0;
     bool sequence_parallel = false;
+    // Expert tensor parallelism (alltoall_dispatcher.h) over etp_size ranks, this rank's place
+    // etp_rank: each rank holds the 1/etp_size shard of its local experts' FFN (fc1's gate and up
+    // rows, fc2's columns), initialised as the ETP 1 experts and sliced, so ETP n computes what
+    // ETP 1 does; its dispatcher gathers the ETP group's tokens and reduce-scatters the partial
+    // outputs on the stream's etp communicator (DispatchComms::etp). alltoall only.
+    int etp_size = 1;
+    int etp_rank = 0;
 
     LayerRange chunk_layers(int stage, int chunk) const {
         if (pipeline_chunks.empty())

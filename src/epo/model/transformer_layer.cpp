@@ -178,8 +178,8 @@ LayerParams make_layer_params(const LayerShape& s, const std::string& prefix) {
     }
     p.moe.router = moe::make_router_params(s.moe);
     rename(p.moe.router.weight, prefix + "mlp.router.weight");
-    p.moe.experts =
-        moe::make_expert_weights(s.num_local_experts, s.hidden, s.moe.ffn_hidden_size, cd);
+    p.moe.experts = moe::make_expert_weights(s.num_local_experts, s.hidden,
+                                             s.moe.ffn_hidden_size / s.etp_size, cd);
     rename(p.moe.experts.fc1, prefix + "mlp.experts.linear_fc1.weight");
     rename(p.moe.experts.fc2, prefix + "mlp.experts.linear_fc2.weight");
     if (s.moe.shared_expert_size > 0) {

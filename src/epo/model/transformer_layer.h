@@ -86,6 +86,9 @@ struct LayerShape {
     // Not with MLA or the layernorm recompute (the callers refuse them).
     int tp_size = 1;
     bool sequence_parallel = false;
+    // Expert tensor parallelism: the experts hold moe.ffn_hidden_size / etp_size of each FFN
+    // (the caller checks it divides); the dispatcher moves the ETP group's tokens to them.
+    int etp_size = 1;
     int64_t tp_tokens() const { return sequence_parallel ? tokens * tp_size : tokens; }
 };
 

@@ -24,6 +24,20 @@
 // Experts live on their owner rank: global expert e on EP rank e / L (L local experts), so the
 // global expert order of the permutation is already grouped by destination rank.
 //
+// Expert tensor parallelism (ETP n > 1, Megatron-Core's alltoall dispatcher with
+// expert_tensor_parallel_size > 1): each of the n ranks of an ETP group holds a 1/n shard of the
+// FFN of the same local experts (fc1's gate and up rows, fc2's columns) and runs it on every
+// token any of them received. So dispatch continues, on the comm stream after the EP all-to-all,
+// with an all-gather over the ETP group of the received rows and weights (variable sizes, ETP
+// rank order), and the experts' sort treats the gathered blocks as n EP (ETP-major) sources;
+// combine starts with the reduce-scatter of the experts' partial outputs (each ETP rank's block
+// back to it, summed over the ETP ranks in rank order in f32, then rounded to the compute dtype)
+// before the EP all-to-all. The backward is the mirror: token_combine_backward all-gathers the
+// output gradient after its all-to-all, token_dispatch_backward reduce-scatters the input
+// (and weight) gradients before its. The count exchange adds an all-gather of the received
+// counts over the ETP group. Both collectives are all-to-alls on the ETP communicator, so they
+// have every collective's deadline and byte accounting. Not with expert groups (chunks).
+//
 // Letters: T tokens, H hidden, E experts, L = E / EP local experts, K top-k, R rows sent,
 // Rr rows received, Rp expert rows with alignment padding.
 #pragma once
@@ -44,6 +58,8 @@ namespace epo::moe {
 struct AlltoallDispatch : DispatchState {
     int ep_size = 1;
     int ep_rank = 0;
+    int etp_size = 1;  // the ETP group's size (the communicator's, set by exchange_counts)
+    int etp_rank = 0;
     DispatchPlan plan;
     ExpertSegments send_segments;      // [E] this rank's rows per global expert, packed
     std::vector<int64_t> recv_counts;  // [EP * L] rows from source s for local expert l
@@ -52,6 +68,9 @@ struct AlltoallDispatch : DispatchState {
     // Per expert group (token_dispatcher.h), the part of `layout` that moves the rows of that
     // group's experts (one entry, `layout` itself, without groups).
     std::vector<comm::AllToAllLayout> group_layouts;
+    // ETP > 1: [ETP] rows each ETP rank received from its EP all-to-all (Rr of each), and the
+    // gathered counts [ETP * EP * L] (ETP rank, source, local expert) the sort reads.
+    std::vector<int64_t> etp_counts;
 
     // forward buffers
     Tensor send_rows;     // (R, H) compute dtype
@@ -60,6 +79,10 @@ struct AlltoallDispatch : DispatchState {
     Tensor recv_probs;    // (Rr)
     Tensor combine_send;  // (Rr, H)
     Tensor combine_recv;  // (R, H)
+    // ETP > 1 (Rg = sum of etp_counts): the ETP group's received rows, gathered
+    Tensor gathered_rows;   // (Rg, H)
+    Tensor gathered_probs;  // (Rg)
+    Tensor gathered_out;    // (Rg, H) this rank's partial expert outputs, source order
     // backward buffers
     Tensor d_combine_recv;  // (R, H)
     Tensor d_combine_send;  // (Rr, H)
@@ -67,6 +90,10 @@ struct AlltoallDispatch : DispatchState {
     Tensor d_recv_probs;    // (Rr)
     Tensor d_send_rows;     // (R, H)
     Tensor d_send_probs;    // (R)
+    // ETP > 1
+    Tensor d_gathered_out;    // (Rg, H)
+    Tensor d_gathered_rows;   // (Rg, H) this rank's partial input gradients
+    Tensor d_gathered_probs;  // (Rg)
 };
 
 namespace alltoall {
@@ -79,17 +106,20 @@ void dispatch_preprocess(const MoeConfig& cfg, int ep_size, int ep_rank,
                          const RouterOutput& routing, AlltoallDispatch& d, Arena& arena);
 // `ep_comm` is the comm stream's EP communicator. Learns what every rank sends this rank's
 // experts, sets the layout (and each of `num_groups` expert groups' part of it) and the expert
-// segments, allocates the receive-side buffers.
+// segments, allocates the receive-side buffers. `etp_comm` (null or size 1: no ETP) is the comm
+// stream's ETP communicator; with ETP > 1 the segments hold the whole ETP group's rows.
 void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, AlltoallDispatch& d,
-                     Arena& arena, int num_groups = 1);
+                     Arena& arena, int num_groups = 1, comm::Communicator* etp_comm = nullptr);
 // x (T, H) compute dtype -> send buffers.
 void dispatch_permute(const RouterOutput& routing, const Tensor& x, AlltoallDispatch& d);
 // `ep_comm` is the comm stream's EP communicator. `g`: the rows of that expert group only (its
 // count must be exchange_counts' num_groups).
-void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
+void token_dispatch(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {},
+                    comm::Communicator* etp_comm = nullptr);
 void dispatch_postprocess(AlltoallDispatch& d, ExpertGroup g = {});
 void combine_preprocess(AlltoallDispatch& d, ExpertGroup g = {});
-void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
+void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {},
+                   comm::Communicator* etp_comm = nullptr);
 // y (T, H) f32 = sum over k of the token's expert outputs (+ shared (T, H) f32 when defined).
 void combine_postprocess(const AlltoallDispatch& d, const Tensor& shared, const Tensor& y);
 
@@ -97,12 +127,14 @@ void combine_postprocess(const AlltoallDispatch& d, const Tensor& shared, const 
 
 // dy (T, H) compute dtype -> d_combine_recv. Allocates every backward buffer from `arena`.
 void combine_postprocess_backward(const Tensor& dy, AlltoallDispatch& d, Arena& arena);
-void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
+void token_combine_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {},
+                            comm::Communicator* etp_comm = nullptr);
 // -> d_expert_out (padding rows zero)
 void combine_preprocess_backward(AlltoallDispatch& d, ExpertGroup g = {});
 void dispatch_postprocess_backward(AlltoallDispatch& d,
                                    ExpertGroup g = {});  // d_expert_* -> d_recv_*
-void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {});
+void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup g = {},
+                             comm::Communicator* etp_comm = nullptr);
 // dx_acc (T, H) f32 = sum over k of the token's row gradients; dweight (T, K) f32.
 void dispatch_permute_backward(const AlltoallDispatch& d, const Tensor& dx_acc,
                                const Tensor& dweight);
@@ -112,7 +144,8 @@ void dispatch_permute_backward(const AlltoallDispatch& d, const Tensor& dx_acc,
 // The interface over the functions above: token_dispatch is exchange_counts then the payload.
 class AlltoallDispatcher final : public TokenDispatcher {
 public:
-    AlltoallDispatcher(const MoeConfig& cfg, int ep_size, int ep_rank);
+    // etp_size: the expert-tensor-parallel group's size (the comms' etp must have it).
+    AlltoallDispatcher(const MoeConfig& cfg, int ep_size, int ep_rank, int etp_size = 1);
 
     const char* name() const override { return "alltoall"; }
     std::unique_ptr<DispatchState> new_state() const override;
@@ -140,6 +173,7 @@ private:
     MoeConfig cfg_;
     int ep_size_;
     int ep_rank_;
+    int etp_size_;
 };
 
 }  // namespace epo::moe

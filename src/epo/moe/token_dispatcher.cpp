@@ -14,10 +14,15 @@ ExpertRange expert_group_range(std::int64_t num_local_experts, ExpertGroup g) {
 }
 
 std::unique_ptr<TokenDispatcher> make_token_dispatcher(const MoeConfig& cfg, int ep_size,
-                                                       int ep_rank, int ep_ranks_per_node) {
+                                                       int ep_rank, int ep_ranks_per_node,
+                                                       int etp_size) {
+    EPO_CHECK(etp_size == 1 || cfg.dispatcher == DispatcherKind::kAlltoall,
+              "the flex dispatcher with expert tensor parallelism {} (RT044: use "
+              "moe_token_dispatcher_type=alltoall)",
+              etp_size);
     switch (cfg.dispatcher) {
         case DispatcherKind::kAlltoall:
-            return std::make_unique<AlltoallDispatcher>(cfg, ep_size, ep_rank);
+            return std::make_unique<AlltoallDispatcher>(cfg, ep_size, ep_rank, etp_size);
         case DispatcherKind::kFlexDeepep:
             return std::make_unique<FlexDispatcher>(cfg, FlexBackend::kDeepep, ep_size, ep_rank,
                                                     ep_ranks_per_node);

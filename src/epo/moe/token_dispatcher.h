@@ -55,10 +55,13 @@ struct DispatchComms {
     // The stream's tensor-parallel group (model/tensor_parallel.h): the layers' TP collectives
     // run inline in their compute nodes on it. Null: no TP (a layer with tp_size > 1 refuses).
     comm::Communicator* tp = nullptr;
+    // The stream's expert-tensor-parallel group: alltoall's ETP gather and reduce-scatter run on
+    // it inside dispatch and combine (alltoall_dispatcher.h). Null: ETP 1.
+    comm::Communicator* etp = nullptr;
 
     DispatchComms(comm::Communicator& ep_group) : ep(ep_group) {}  // NOLINT: implicit on purpose
     DispatchComms(comm::ProcessGroups& g)                          // NOLINT: implicit on purpose
-        : ep(g.ep), ep_node(&g.ep_node), ep_peer(&g.ep_peer), tp(&g.tp) {}
+        : ep(g.ep), ep_node(&g.ep_node), ep_peer(&g.ep_peer), tp(&g.tp), etp(&g.etp) {}
 };
 
 // Group `index` of `count` equal groups of each EP rank's local experts: local experts
@@ -129,8 +132,10 @@ public:
 };
 
 // The dispatcher cfg.dispatcher names, for EP rank `ep_rank` of `ep_size`. flex needs the EP
-// ranks per node (flex_ranks_per_node()); 0 = not given, which flex refuses.
+// ranks per node (flex_ranks_per_node()); 0 = not given, which flex refuses. etp_size: the
+// experts' tensor-parallel size (alltoall only; flex refuses more than 1, RT044).
 std::unique_ptr<TokenDispatcher> make_token_dispatcher(const MoeConfig& cfg, int ep_size,
-                                                       int ep_rank, int ep_ranks_per_node = 0);
+                                                       int ep_rank, int ep_ranks_per_node = 0,
+                                                       int etp_size = 1);
 
 }  // namespace epo::moe

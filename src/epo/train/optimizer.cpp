@@ -128,9 +128,13 @@ double global_grad_norm(const OptimizerState& state, comm::ProcessGroups& groups
     double expert_sq =
         sum_squares(state, num_dense, num_params, groups.edp, state.num_model_expert, groups.pp);
     // Dense gradients are identical on every rank; expert gradients differ across the EP group,
-    // whose sums of squares are added up in rank order.
+    // whose sums of squares are added up in rank order, and with expert tensor parallelism each
+    // ETP rank holds another shard of its experts: the EP sums are added up over the ETP group
+    // in rank order (each shard counted once, the same value on every rank).
     if (groups.ep.size() > 1)
         expert_sq = group_sum(groups.ep, expert_sq);
+    if (groups.etp.size() > 1)
+        expert_sq = group_sum(groups.etp, expert_sq);
     return std::sqrt(dense_sq + expert_sq);
 }
 

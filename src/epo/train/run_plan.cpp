@@ -25,22 +25,26 @@ RunPlan resolve_run(const config::Config& cfg, int world_size, int world_rank) {
     r.stage = world_rank / r.stage_size;
     r.rank_in_stage = world_rank % r.stage_size;
     r.num_micro_batches = config::num_microbatches(cfg);
-    // The expert groups' order etp-ep-edp-pp with ETP 1 (the runtime refuses more, RT004) puts
-    // EP innermost in a stage, the dense order tp-cp-dp-pp TP innermost (comm/topology.h): a
-    // rank's EP and TP places are its place in the stage modulo each.
+    // The expert groups' order etp-ep-edp-pp puts ETP innermost in a stage, then EP; the dense
+    // order tp-cp-dp-pp TP innermost (comm/topology.h): a rank's ETP and TP places are its place
+    // in the stage modulo each, its EP place the next digit above ETP.
     const int tp_size = cfg.model.tensor_model_parallel_size;
-    r.shape = model::gpt_shape_from_config(cfg, ep_size, r.rank_in_stage % ep_size, r.stage);
+    const int etp_size = config::expert_tensor_parallel_size(cfg.model);
+    r.shape =
+        model::gpt_shape_from_config(cfg, ep_size, (r.rank_in_stage / etp_size) % ep_size, r.stage);
+    r.shape.etp_size = etp_size;
+    r.shape.etp_rank = r.rank_in_stage % etp_size;
     r.shape.tp_size = tp_size;
     r.shape.tp_rank = r.rank_in_stage % tp_size;
     r.shape.sequence_parallel = tp_size > 1 && cfg.model.sequence_parallel;
     r.step = make_step_plan(cfg, r.shape);
-    r.groups = comm::ParallelLayout{
-        .world_size = world_size,
-        .expert_model_parallel_size = ep_size,
-        .gpus_per_node = config::gpus_per_node(cfg.comm),
-        .pipeline_model_parallel_size = num_stages,
-        .tensor_model_parallel_size = cfg.model.tensor_model_parallel_size,
-        .expert_tensor_parallel_size = config::expert_tensor_parallel_size(cfg.model)};
+    r.groups =
+        comm::ParallelLayout{.world_size = world_size,
+                             .expert_model_parallel_size = ep_size,
+                             .gpus_per_node = config::gpus_per_node(cfg.comm),
+                             .pipeline_model_parallel_size = num_stages,
+                             .tensor_model_parallel_size = cfg.model.tensor_model_parallel_size,
+                             .expert_tensor_parallel_size = etp_size};
     r.comm.timeout_s = cfg.comm.timeout_s;
     r.comm.link = comm::LinkModel{cfg.comm.link.inter_node_gbps.value_or(0.0),
                                   cfg.comm.link.intra_node_gbps.value_or(0.0),

@@ -17,7 +17,7 @@ namespace {
 // and list them: norms (H), attention qkv ((heads + 2 groups) * head_dim, H) and proj (H,
 // heads * head_dim), q/k norms (head_dim), then the MLP: dense fc1 (2F, H) and fc2 (H, F), or
 // router (E, H), shared experts as a dense MLP of their size, and the local experts
-// (E_local, 2F, H), (E_local, H, F).
+// (E_local, 2F, H), (E_local, H, F) with F the rank's ETP shard.
 void layer_param_sizes(const model::GptShape& s, bool is_moe, PositionParamSizes& out) {
     const int64_t H = s.hidden;
     const model::AttentionShape& a = s.attn;
@@ -44,7 +44,7 @@ void layer_param_sizes(const model::GptShape& s, bool is_moe, PositionParamSizes
         out.dense.push_back(2 * s.moe.shared_expert_size * H);
         out.dense.push_back(H * s.moe.shared_expert_size);
     }
-    const int64_t F = s.moe.ffn_hidden_size;
+    const int64_t F = s.moe.ffn_hidden_size / s.etp_size;  // the rank's ETP shard of each FFN
     out.expert.push_back(s.num_local_experts() * 2 * F * H);
     out.expert.push_back(s.num_local_experts() * H * F);
 }
