@@ -5,8 +5,8 @@
 // emulated cluster (docs/emulated-cluster.md), whose links are shaped to a known rate:
 //
 //   scripts/emulated-cluster.sh up 2 500mbit
-//   EPO_LINK_GBPS=0.5 scripts/emulated-cluster.sh run bash -c \
-//       'mpirun -H "$EPO_CLUSTER_HOSTS" -np 2 -x EPO_LINK_GBPS build/release/bench/comm_link_bench'
+//   cmd='mpirun -H "$EPO_CLUSTER_HOSTS" -np 2 -x EPO_LINK_GBPS build/release/bench/comm_link_bench'
+//   EPO_LINK_GBPS=0.5 scripts/emulated-cluster.sh run bash -c "$cmd"
 //
 // EPO_LINK_GBPS is one host's NIC rate in Gbit/s (the RATE given to `up`). An emulated host has
 // one NIC for all its ranks, a GPU node one per GPU (the model's B_inter is per rank), so the

@@ -160,6 +160,23 @@ TEST(Router, SeqAuxLossAveragesSequences) {
     EXPECT_THROW(r.route(logits, 3), Error);  // 4 tokens do not split into 3 sequences
 }
 
+// aux_loss pools the micro-batch's sequences (the reference's switch_load_balancing_loss over all
+// its tokens); only seq_aux_loss keeps them apart. The same two sequences as above: pooled, expert
+// 0 gets 3 of the 4 tokens.
+TEST(Router, AuxLossPoolsTheMicroBatch) {
+    MoeConfig c = base_config(2, 1, 2);
+    c.load_balancing_type = LoadBalancing::kAuxLoss;
+    c.aux_loss_coeff = 1.0;
+    IdentityRouter r(c);
+    const std::vector<float> logits = {1, 0, 2, 0, 0, 1, 1, 0};
+    auto sm = [](double a, double b) { return std::exp(a) / (std::exp(a) + std::exp(b)); };
+    const double p0 = sm(1, 0) + sm(2, 0) + sm(0, 1) + sm(1, 0), p1 = 4 - p0;
+    const double pooled = 2.0 / (1 * 16) * (p0 * 3 + p1 * 1);
+    EXPECT_NEAR(r.route(logits, 2).aux_loss, pooled, 1e-6);
+    EXPECT_EQ(r.route(logits, 2).aux_loss, r.route(logits, 1).aux_loss);
+    EXPECT_EQ(r.route(logits, 2).aux_counts, (std::vector<std::int64_t>{3, 1}));
+}
+
 TEST(Router, NonFiniteLogitsAreANumericsError) {
     IdentityRouter r(base_config(4, 2, 4));
     try {

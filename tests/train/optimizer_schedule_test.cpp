@@ -51,8 +51,9 @@ TEST(OptimizerSchedule, EmbeddingGradsAreSummedAfterTheReductionAndBeforeAnySqua
         const auto sum = std::find(ops.begin(), ops.end(), op(K::kEmbeddingGrads));
         ASSERT_NE(sum, ops.end());
         EXPECT_EQ(sum - ops.begin(), bucketed ? 0 : 1);
-        if (!bucketed)
+        if (!bucketed) {
             EXPECT_EQ(ops[0], op(K::kReduce));
+        }
         EXPECT_EQ(sum[1], op(K::kSquares));
         EXPECT_EQ(op_name(*sum), "optimizer_step.embedding_grads");
         EXPECT_EQ(stream_of(*sum), schedule::StreamId::kCompute);

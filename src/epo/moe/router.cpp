@@ -146,6 +146,10 @@ RouterOutput router_forward(const MoeConfig& cfg, const RouterParams& params, co
     check_tensor(x, {t_count, cfg.hidden_size}, compute_dtype(cfg), "router input x");
     const int group_size = sequence_group ? sequence_group->size() : 1;
     const std::int64_t total_tokens = t_count * group_size;  // N
+    // aux_loss pools the micro-batch's tokens, as the reference counts it; only seq_aux_loss
+    // keeps its sequences apart.
+    if (cfg.load_balancing_type != LoadBalancing::kSeqAuxLoss)
+        num_sequences = 1;
     if (num_sequences < 1 || total_tokens % num_sequences != 0) {
         throw Error(ErrorKind::kUsage,
                     fmt::format("router: {} tokens ({} on each of {} ranks) do not split into {} "

@@ -17,8 +17,8 @@
 //   aux_loss     = coeff * E / (K * N^2) * sum_e (sum_t s_aux[t,e]) * c[e]
 //   seq_aux_loss = coeff * mean_b [ E / (K * L^2) * sum_e (sum_{t in b} s_aux[t,e]) * c_b[e] ]
 //   z_loss       = z_coeff / N * sum_t (logsumexp_e logits[t,e])^2
-// (The code takes B sequences for both: with B > 1, as the model passes micro_batch_size, aux_loss
-// is counted per sequence as seq_aux_loss is, where the reference pools the micro-batch.)
+// (router_forward takes B, the model's micro_batch_size; aux_loss ignores it and pools the
+// micro-batch, as the reference does.)
 // s_aux = softmax of all logits (softmax router) or sigmoid / (its per-token sum + 1e-20)
 // (sigmoid router); c counts the tokens whose plain top-k of s_aux (no bias, no groups, before
 // capacity drops) includes e. The gradient flows through s_aux only, scaled by the caller's
