@@ -159,10 +159,14 @@ TEST_P(MtpPipeline, StagesMatchOneStageAndOverlapIsBitIdentical) {
         run_staged(mtp_pp_config(world, pp, case_overrides(c, pp)), MPI_COMM_WORLD);
 
     // Tolerances: the embedding gradient's parts are summed in another order (file comment); a
-    // last-bit difference of a master weight can flip a bf16 compute copy. Measured over these
-    // cases on 2 and 4 ranks: losses equal to the printed digits (relative difference < 1e-9),
-    // grad norms within 1e-8 relative, parameters within 2e-6 absolute.
-    constexpr double kLossTol = 1e-6, kNormTol = 1e-6, kParamTol = 1e-5;
+    // last-bit difference of a master weight can flip a bf16 compute copy, and Adam turns a
+    // near-zero gradient's changed sign into a step of the learning rate's size, so single
+    // elements may part by up to the steps' learning rates summed. The parameters are compared
+    // as a whole (relative L2 difference over every parameter of the rank). Measured over these
+    // cases on 2, 4 and 8 ranks: losses within 2.1e-8, grad norms within 4.3e-6, parameters within
+    // 4.1e-6 on rank 0 (relative L2), single elements on other ranks up to 6.1e-4 apart. A
+    // missing sum of the two copies puts the norms 25% off, counting the copy in the norm 16-32%.
+    constexpr double kLossTol = 1e-6, kNormTol = 1e-4, kParamTol = 1e-4;
     EXPECT_LT(max_rel_diff(reference.losses, base.losses), kLossTol);
     EXPECT_LT(max_rel_diff(reference.mtp_losses, base.mtp_losses), kLossTol);
     EXPECT_LT(max_rel_diff(reference.grad_norms, base.grad_norms), kNormTol);
@@ -170,24 +174,29 @@ TEST_P(MtpPipeline, StagesMatchOneStageAndOverlapIsBitIdentical) {
     if (c.mtp) {
         EXPECT_GT(base.mtp_losses.front(), 0.0);
     }
-    double worst_param = 0;
+    double worst_param = 0, diff_sq = 0, ref_sq = 0;
     for (const auto& [name, values] : base.params) {
         const auto it = reference.params.find(name);
         ASSERT_NE(it, reference.params.end()) << name;
         ASSERT_EQ(it->second.size(), values.size()) << name;
-        for (size_t i = 0; i < values.size(); ++i)
-            worst_param =
-                std::max(worst_param, static_cast<double>(std::abs(it->second[i] - values[i])));
+        for (size_t i = 0; i < values.size(); ++i) {
+            const double d = static_cast<double>(it->second[i]) - values[i];
+            worst_param = std::max(worst_param, std::abs(d));
+            diff_sq += d * d;
+            ref_sq += static_cast<double>(it->second[i]) * it->second[i];
+        }
     }
-    EXPECT_LT(worst_param, kParamTol);
+    const double param_rel = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
+    EXPECT_LT(param_rel, kParamTol);
     if (rank == 0) {
         std::printf(
             "PP 2 vs PP 1 (%s): loss %.6f vs %.6f (max rel diff %.2e), mtp_1 loss max rel diff "
-            "%.2e, grad norm max rel diff %.2e, largest parameter difference %.2e\n",
+            "%.2e, grad norm max rel diff %.2e, parameters rel L2 diff %.2e (largest element "
+            "%.2e)\n",
             case_name({c, 0}).c_str(), base.losses.back(), reference.losses.back(),
             max_rel_diff(reference.losses, base.losses),
             max_rel_diff(reference.mtp_losses, base.mtp_losses),
-            max_rel_diff(reference.grad_norms, base.grad_norms), worst_param);
+            max_rel_diff(reference.grad_norms, base.grad_norms), param_rel, worst_param);
     }
     // The last stage holds a copy; stage 0 holds no output layer's.
     const bool last = rank / stage_size == pp - 1;
