@@ -20,6 +20,7 @@
 #include "epo/checkpoint/rank_agreement.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/train/trainer.h"
+#include "train/shared_temp_dir.h"
 #include "train_test_util.h"
 
 namespace epo::train {
@@ -155,15 +156,7 @@ TEST(ExpertTensorParallelRun, ResumeIsBitIdenticalAndAnotherEtpIsRefused) {
     const int world = comm::current_world_size();
     const config::Config cfg =
         etp_run_config(world, 1, 2, world / 2, {"ddp.use_distributed_optimizer=true"});
-    long pid = getpid();
-    MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-    const auto dir =
-        std::filesystem::temp_directory_path() / ("epo_etp_resume_" + std::to_string(pid));
-    if (comm::current_world_rank() == 0) {
-        std::filesystem::remove_all(dir);
-        std::filesystem::create_directories(dir);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    const auto dir = testing::shared_temp_dir("epo_etp_resume_");
     comm::Communicator control = checkpoint::make_control_communicator(
         {.world_size = world, .expert_model_parallel_size = world, .gpus_per_node = world}, 30);
     std::vector<double> straight, resumed;

@@ -29,6 +29,7 @@
 #include "epo/checkpoint/rank_agreement.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/train/trainer.h"
+#include "train/shared_temp_dir.h"
 #include "train_test_util.h"
 
 namespace epo::train {
@@ -233,15 +234,7 @@ TEST(MtpPipelineCheckpoint, ResumeWithTheEmbeddingCopyIsBitIdentical) {
     const int world = comm::current_world_size();
     const config::Config cfg =
         mtp_pp_config(world, 2, {"model.share_embeddings_and_output_weights=true"});
-    long pid = getpid();
-    MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-    const auto dir =
-        std::filesystem::temp_directory_path() / ("epo_mtp_pp_resume_" + std::to_string(pid));
-    if (comm::current_world_rank() == 0) {
-        std::filesystem::remove_all(dir);
-        std::filesystem::create_directories(dir);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    const auto dir = testing::shared_temp_dir("epo_mtp_pp_resume_");
     comm::Communicator control =
         checkpoint::make_control_communicator({.world_size = world,
                                                .expert_model_parallel_size = world / 2,

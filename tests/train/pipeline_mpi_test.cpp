@@ -18,6 +18,7 @@
 #include "epo/checkpoint/rank_agreement.h"
 #include "epo/comm/mpi_runtime.h"
 #include "epo/train/trainer.h"
+#include "train/shared_temp_dir.h"
 #include "train_test_util.h"
 
 namespace epo::train {
@@ -91,20 +92,6 @@ void expect_same_bits(const Record& reference, const Record& staged, const std::
         EXPECT_EQ(0, std::memcmp(it->second.data(), values.data(), values.size() * sizeof(float)))
             << name;
     }
-}
-
-// A fresh directory named by rank 0, the same path on every rank.
-std::filesystem::path shared_temp_dir() {
-    long pid = getpid();
-    MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-    const auto dir =
-        std::filesystem::temp_directory_path() / ("epo_pipeline_resume_" + std::to_string(pid));
-    if (comm::current_world_rank() == 0) {
-        std::filesystem::remove_all(dir);
-        std::filesystem::create_directories(dir);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    return dir;
 }
 
 class PipelineMatrix : public ::testing::TestWithParam<Case> {};
@@ -227,7 +214,7 @@ TEST(Pipeline, ResumeAcrossPipelineLayoutsIsRefusedNamingBoth) {
     const int world = comm::current_world_size();
     const config::Config one = pipeline_config(Case{4, 0, false}, world, 1, {});
     const config::Config two = pipeline_config(Case{4, 2, false}, world, 2, {});
-    const std::filesystem::path dir = shared_temp_dir();
+    const std::filesystem::path dir = testing::shared_temp_dir("epo_pipeline_resume_");
     comm::Communicator control = checkpoint::make_control_communicator(
         {.world_size = world, .expert_model_parallel_size = world, .gpus_per_node = world}, 30);
     std::filesystem::path saved;
