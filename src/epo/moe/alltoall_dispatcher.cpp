@@ -91,8 +91,10 @@ void etp_gather_rows(comm::Communicator& etp, const Tensor& in, const Tensor& ou
 // (sum of counts, C; blocks in ETP-rank order): a variable reduce-scatter, as an all-to-all of
 // the blocks then the sums here. f32 sums of the widened values, rounded once to out's dtype (the
 // reference reduce-scatters in f32 and casts back: the same values, in half the bytes for bf16).
+// `parts` and `row_sum` are the dispatch's scratch (AlltoallDispatch::etp_parts, etp_row_sum).
 void etp_reduce_scatter_rows(comm::Communicator& etp, const Tensor& in, const Tensor& out,
-                             const std::vector<int64_t>& counts, int64_t row_items) {
+                             const std::vector<int64_t>& counts, int64_t row_items,
+                             const Tensor& parts_scratch, const Tensor& row_sum) {
     const int n = etp.size();
     const int64_t mine = counts[static_cast<size_t>(etp.rank())];
     const size_t item = dtype_size(in.dtype());
@@ -107,18 +109,22 @@ void etp_reduce_scatter_rows(comm::Communicator& etp, const Tensor& in, const Te
         l.recv_offsets.push_back(q * mine);
     }
     // (n, counts[me], C) the ranks' partial blocks, in ETP-rank order
-    std::vector<std::byte> parts(static_cast<size_t>(n * mine) * row_bytes_of);
-    etp.all_to_all_v(in.raw(), parts.data(), l, row_bytes_of);
-    std::vector<float> acc(static_cast<size_t>(row_items));
+    EPO_CHECK(parts_scratch.nbytes() >= static_cast<size_t>(n * mine) * row_bytes_of &&
+                  row_sum.numel() >= row_items,
+              "the ETP scratch holds {} bytes and {} sums for {} blocks of {} rows of {} bytes",
+              parts_scratch.nbytes(), row_sum.numel(), n, mine, row_bytes_of);
+    auto* parts = static_cast<std::byte*>(parts_scratch.raw());
+    float* acc = row_sum.data<float>();
+    etp.all_to_all_v(in.raw(), parts, l, row_bytes_of);
     auto* dst = static_cast<std::byte*>(out.raw());
     for (int64_t r = 0; r < mine; ++r) {
-        kernels::load_row(parts.data() + static_cast<size_t>(r) * row_bytes_of, in.dtype(),
-                          acc.data(), row_items);
+        kernels::load_row(parts + static_cast<size_t>(r) * row_bytes_of, in.dtype(), acc,
+                          row_items);
         for (int p = 1; p < n; ++p) {
-            kernels::add_row(parts.data() + static_cast<size_t>(p * mine + r) * row_bytes_of,
-                             in.dtype(), acc.data(), row_items);
+            kernels::add_row(parts + static_cast<size_t>(p * mine + r) * row_bytes_of, in.dtype(),
+                             acc, row_items);
         }
-        kernels::store_row(acc.data(), dst + static_cast<size_t>(r) * row_bytes_of, out.dtype(),
+        kernels::store_row(acc, dst + static_cast<size_t>(r) * row_bytes_of, out.dtype(),
                            row_items);
     }
 }
@@ -227,6 +233,10 @@ void exchange_counts(const MoeConfig& cfg, comm::Communicator& ep_comm, Alltoall
         d.gathered_rows = arena.alloc({Rg, H}, cd);
         d.gathered_probs = arena.alloc({Rg}, DType::kF32);
         d.gathered_out = arena.alloc({Rg, H}, cd);
+        // The largest reduce-scatter: ETP blocks of this rank's Rr rows of H (the probabilities'
+        // f32 blocks are narrower).
+        d.etp_parts = arena.alloc({d.etp_size * Rr, H}, cd);
+        d.etp_row_sum = arena.alloc({H}, DType::kF32);
     }
 }
 
@@ -265,7 +275,7 @@ void token_combine(comm::Communicator& ep_comm, AlltoallDispatch& d, ExpertGroup
     if (has_etp(d)) {
         // The ETP ranks' partial sums (each holds 1/ETP of the FFN) of this rank's rows.
         etp_reduce_scatter_rows(etp_of(d, etp_comm), d.gathered_out, d.combine_send, d.etp_counts,
-                                d.combine_send.row_size());
+                                d.combine_send.row_size(), d.etp_parts, d.etp_row_sum);
     }
     ep_comm.all_to_all_v(d.combine_send.raw(), d.combine_recv.raw(), layout_of(d, g).swapped(),
                          row_bytes(d.combine_send));
@@ -328,8 +338,9 @@ void token_dispatch_backward(comm::Communicator& ep_comm, AlltoallDispatch& d, E
         // (each from its FFN shard) summed; so do their weights'.
         comm::Communicator& etp = etp_of(d, etp_comm);
         etp_reduce_scatter_rows(etp, d.d_gathered_rows, d.d_recv_rows, d.etp_counts,
-                                d.d_recv_rows.row_size());
-        etp_reduce_scatter_rows(etp, d.d_gathered_probs, d.d_recv_probs, d.etp_counts, 1);
+                                d.d_recv_rows.row_size(), d.etp_parts, d.etp_row_sum);
+        etp_reduce_scatter_rows(etp, d.d_gathered_probs, d.d_recv_probs, d.etp_counts, 1,
+                                d.etp_parts, d.etp_row_sum);
     }
     const comm::AllToAllLayout back = layout_of(d, g).swapped();
     ep_comm.all_to_all_v(d.d_recv_rows.raw(), d.d_send_rows.raw(), back, row_bytes(d.d_recv_rows));

@@ -83,6 +83,10 @@ struct AlltoallDispatch : DispatchState {
     Tensor gathered_rows;   // (Rg, H)
     Tensor gathered_probs;  // (Rg)
     Tensor gathered_out;    // (Rg, H) this rank's partial expert outputs, source order
+    // ETP > 1: the reduce-scatters' scratch, from the arena with the counts (no allocation per
+    // call): every ETP rank's block of this rank's rows (ETP * Rr, H), and one f32 row of sums.
+    Tensor etp_parts;
+    Tensor etp_row_sum;
     // backward buffers
     Tensor d_combine_recv;  // (R, H)
     Tensor d_combine_send;  // (Rr, H)
