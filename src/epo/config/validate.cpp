@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "epo/comm/mpi_runtime.h"
 #include "epo/config/env.h"
 #include "epo/config/finalize.h"
 #include "epo/config/rules.h"
@@ -83,20 +84,12 @@ std::optional<Finding> check_mpi_thread_level(int provided) {
     if (provided >= MPI_THREAD_MULTIPLE) {
         return std::nullopt;
     }
-    const auto name = [](int level) -> const char* {
-        if (level == MPI_THREAD_SINGLE)
-            return "MPI_THREAD_SINGLE";
-        if (level == MPI_THREAD_FUNNELED)
-            return "MPI_THREAD_FUNNELED";
-        if (level == MPI_THREAD_SERIALIZED)
-            return "MPI_THREAD_SERIALIZED";
-        return "an unknown level";
-    };
-    return Finding{"EP005", "MPI thread level", name(provided),
+    const char* const granted = comm::thread_level_name(provided);
+    return Finding{"EP005", "MPI thread level", granted,
                    fmt::format("the MPI library granted {} but the communication stream needs "
                                "MPI_THREAD_MULTIPLE (two threads call MPI at once); overlap would "
                                "hang or corrupt messages",
-                               name(provided)),
+                               granted),
                    "use an MPI built with thread support (OpenMPI and MPICH from Debian are)"};
 }
 
