@@ -23,29 +23,10 @@
 #include "epo/model/gpt_model.h"
 #include "epo/model/tensor_parallel.h"
 #include "epo/tensor/random.h"
+#include "tensor_parallel_test_util.h"
 
 namespace epo::model {
 namespace {
-
-std::unique_ptr<comm::ProcessGroups> make_etp_groups() {
-    int n = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    comm::ParallelLayout layout{n, 1, 8, 1};
-    layout.expert_tensor_parallel_size = n;
-    return comm::ProcessGroups::create(layout, comm::CommOptions{.timeout_s = 120}, "test",
-                                       nullptr);
-}
-
-// Largest |got - want| / max(1, |want|).
-double etp_worst_difference(const Tensor& got, const Tensor& want) {
-    EXPECT_EQ(got.numel(), want.numel());
-    double worst = 0;
-    for (int64_t i = 0; i < std::min(got.numel(), want.numel()); ++i) {
-        const double g = got.data<float>()[i], w = want.data<float>()[i];
-        worst = std::max(worst, std::abs(g - w) / std::max(1.0, std::abs(w)));
-    }
-    return worst;
-}
 
 // Rank r's ETP shard of an ETP 1 expert tensor `whole` (f32): fc1 (L, 2F, H) by its gate and up
 // row blocks, fc2 (L, H, F) by columns; `like` gives the shard's shape.
@@ -64,7 +45,7 @@ Tensor etp_slice(const Tensor& whole, const Param& like, int64_t F, int n, int r
 }
 
 TEST(ExpertTensorParallel, GptModelMatchesOneRank) {
-    auto groups = make_etp_groups();
+    auto groups = make_groups_spanning_job(comm::GroupKind::kExpertTensorParallel);
     comm::Communicator& etp = groups->etp;
     const int n = etp.size(), r = etp.rank();
     ASSERT_EQ(groups->ep.size(), 1);
@@ -121,29 +102,20 @@ TEST(ExpertTensorParallel, GptModelMatchesOneRank) {
             labels[mb].push_back(static_cast<int32_t>(random_bits(70 + mb + 10 * r, t) % V));
         }
     }
-    one.begin_step(tokens, labels, 0.5f);
-    many.begin_step(tokens, labels, 0.5f);
     moe::DispatchComms alone(groups->ep), comms(groups->ep);
     comms.etp = &etp;
-    Arena scratch_a{"scratch"}, scratch_b{"scratch"};
-    for (int mb = 0; mb < 2; ++mb) {
-        one.forward_backward(mb, alone, scratch_a);
-        many.forward_backward(mb, comms, scratch_b);
-        const double w = one.results()[static_cast<size_t>(mb)].lm_loss;
-        EXPECT_NEAR(many.results()[static_cast<size_t>(mb)].lm_loss, w, 1e-6 * std::abs(w));
-    }
+    step_expecting_equal_losses(one, alone, many, comms, tokens, labels);
     // Seen at 2 and 4 ranks: below 1e-6 (f32; only the ETP sums' order changes the rounding).
     for (size_t i = 0; i < one.dense_params().size(); ++i) {
         const Param& p = *many.dense_params()[i];
-        EXPECT_LT(etp_worst_difference(p.main_grad, one.dense_params()[i]->main_grad), 1e-5)
-            << p.name;
+        EXPECT_LT(worst_difference(p.main_grad, one.dense_params()[i]->main_grad), 1e-5) << p.name;
     }
     for (size_t i = 0; i < want_e.size(); ++i) {
         // ETP 1's gradient of every rank's tokens: the sum over the ranks, then rank r's slice.
         Param& w = *want_e[i];
         etp.all_reduce_sum(std::span<float>(w.main_grad.data<float>(), w.main_grad.numel()));
         const Tensor s = etp_slice(w.main_grad, *got_e[i], F, n, r);
-        const double worst = etp_worst_difference(got_e[i]->main_grad, s);
+        const double worst = worst_difference(got_e[i]->main_grad, s);
         EXPECT_LT(worst, 1e-5) << got_e[i]->name;
         double norm = 0;
         for (int64_t k = 0; k < s.numel(); ++k)

@@ -1,48 +1,28 @@
-// Tensor parallelism's pieces (model/tensor_parallel.h) on TP = every rank of the job, against
+// Tensor parallelism's layers (model/tensor_parallel.h) on TP = every rank of the job, against
 // the single-rank path: a column-parallel then row-parallel linear pair (the shape of attention's
 // QKV/output projection and the MLP's fc1/fc2) against a float64 product, forward and backward,
 // with and without sequence parallelism; the layer's own grouped-query attention and SwiGLU MLP
-// on their weight shards against the whole layer; the vocabulary-parallel embedding and
-// cross-entropy output layer against embedding.h and lm_head.h on the whole table (bit for bit at
-// TP = 1, where only the communicator's one-rank sums sit between them; within 1e-5 otherwise: only
-// where the sums over the vocabulary and the hidden are split changes). Runs under model_mpi_test
-// at 1 rank and, filtered to these tests, at 2 and 4 ranks (tests/CMakeLists.txt).
+// on their weight shards, and a whole dense transformer layer, against the whole layer; the
+// refusal of an uneven split. The vocabulary-parallel embedding and output layer are in
+// tensor_parallel_vocab_mpi_test.cpp, the whole model in tensor_parallel_model_mpi_test.cpp.
+// Runs under model_mpi_test at 1 rank and, filtered to these tests, at 2 and 4 ranks
+// (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
-#include <mpi.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <functional>
+#include <vector>
 
 #include "epo/comm/process_groups.h"
 #include "epo/kernels/gemm.h"
 #include "epo/model/attention.h"
-#include "epo/model/embedding.h"
-#include "epo/model/gpt_model.h"
 #include "epo/model/tensor_parallel.h"
 #include "epo/model/transformer_layer.h"
 #include "epo/moe/experts.h"
 #include "epo/tensor/random.h"
+#include "tensor_parallel_test_util.h"
 
 namespace epo::model {
 namespace {
-
-std::unique_ptr<comm::ProcessGroups> make_tp_groups() {
-    int n = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    comm::ParallelLayout layout{n, 1, 8, 1};
-    layout.tensor_model_parallel_size = n;
-    return comm::ProcessGroups::create(layout, comm::CommOptions{.timeout_s = 120}, "test",
-                                       nullptr);
-}
-
-Tensor filled(const Shape& shape, uint64_t seed) {
-    Tensor t = Tensor::empty(shape, DType::kF32);
-    fill_normal(t, seed, 0.0f, 1.0f);
-    return t;
-}
 
 // C = op(A) op(B) in float64 (row-major, f32 operands).
 std::vector<double> product(const Tensor& a, bool ta, const Tensor& b, bool tb) {
@@ -72,43 +52,16 @@ Tensor as_f32(const std::vector<double>& v, const Shape& shape) {
     return t;
 }
 
-// Columns [begin, end) of a row-major (R, C) tensor, as a new (R, end - begin) tensor.
-Tensor columns(const Tensor& t, int64_t begin, int64_t end) {
-    Tensor out = Tensor::empty({t.dim(0), end - begin}, DType::kF32);
-    for (int64_t r = 0; r < t.dim(0); ++r) {
-        for (int64_t c = begin; c < end; ++c)
-            out.data<float>()[r * (end - begin) + c - begin] = t.data<float>()[r * t.dim(1) + c];
-    }
-    return out;
-}
-
-void expect_near(const Tensor& got, const Tensor& want, double tol, const char* what) {
-    ASSERT_EQ(got.numel(), want.numel()) << what;
-    double worst = 0;
-    for (int64_t i = 0; i < got.numel(); ++i) {
-        const double g = got.data<float>()[i], w = want.data<float>()[i];
-        worst = std::max(worst, std::abs(g - w) / std::max(1.0, std::abs(w)));
-    }
-    EXPECT_LT(worst, tol) << what;
-}
-
-void expect_bits(const Tensor& got, const Tensor& want, const char* what) {
-    ASSERT_EQ(got.nbytes(), want.nbytes()) << what;
-    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), got.nbytes()), 0) << what;
-}
-
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c) {
     kernels::gemm(kernels::as_matrix(a), kernels::as_matrix(b), kernels::as_matrix(c),
                   {.trans_a = ta, .trans_b = tb});
 }
 
-class TensorParallel : public testing::TestWithParam<bool> {};  // sequence parallel
-
 // Y = X W1^T (column-parallel: rank r holds rows [r F/n, (r+1) F/n) of W1), Z = Y W2^T
 // (row-parallel: columns of W2), with tp_gather before and tp_reduce after; backward the mirror.
 TEST_P(TensorParallel, ColumnThenRowLinearMatchesOneRank) {
     const bool sp = GetParam();
-    auto groups = make_tp_groups();
+    auto groups = make_groups_spanning_job(comm::GroupKind::kTensorParallel);
     comm::Communicator& tp = groups->tp;
     const int n = tp.size(), r = tp.rank();
     const int64_t T = 8, H = 8, F = 12;
@@ -155,124 +108,6 @@ TEST_P(TensorParallel, ColumnThenRowLinearMatchesOneRank) {
     expect_near(dw2, columns(as_f32(dW2, {H, F}), f.begin, f.end), 1e-5, "dW2");
 }
 
-Param table_param(const char* name, int64_t rows, int64_t cols, uint64_t seed) {
-    Param p = make_param(name, {rows, cols}, DType::kF32);
-    fill_normal(p.master, seed, 0.0f, 1.0f);
-    refresh_compute(p);
-    return p;
-}
-
-// This rank's rows [begin, end) of a full parameter, as a parameter of its own.
-Param shard_param(const Param& full, TpRange rows) {
-    Param p = make_param(full.name, {rows.size(), full.master.dim(1)}, DType::kF32);
-    p.master.copy_from(full.master.rows(rows.begin, rows.end));
-    refresh_compute(p);
-    return p;
-}
-
-TEST_P(TensorParallel, VocabParallelEmbeddingMatchesOneRank) {
-    const bool sp = GetParam();
-    auto groups = make_tp_groups();
-    comm::Communicator& tp = groups->tp;
-    const int n = tp.size(), r = tp.rank();
-    const int64_t V = 16, H = 8, T = 12;
-    std::vector<int32_t> tokens;
-    for (int64_t t = 0; t < T; ++t)  // repeats, and tokens of every rank's range
-        tokens.push_back(static_cast<int32_t>(random_bits(5, static_cast<uint64_t>(t)) % V));
-    tokens[3] = tokens[7];
-    Param full = table_param("embedding", V, H, 6);
-    const TpRange vocab = tp_range(V, n, r, "model.vocab_size");
-    Param mine = shard_param(full, vocab);
-    const TpRange seq = sp ? tp_range(T, n, r, "tokens") : TpRange{0, T};
-    Arena scratch{"scratch"};
-
-    Tensor want = Tensor::empty({T, H}, DType::kF32);
-    embedding_forward(full, tokens, want);
-    Tensor x = Tensor::empty({seq.size(), H}, DType::kF32);
-    vocab_parallel_embedding_forward(tp, sp, mine, V, tokens, x, scratch);
-    // Each row is one rank's row plus zeros: exact at any TP.
-    expect_bits(x, want.rows(seq.begin, seq.end).clone(), "x");
-
-    const Tensor dx_full = filled({T, H}, 8);
-    embedding_backward(full, tokens, dx_full);
-    scratch.reset();
-    vocab_parallel_embedding_backward(tp, sp, mine, tokens,
-                                      dx_full.rows(seq.begin, seq.end).clone(), scratch);
-    expect_bits(mine.main_grad, full.main_grad.rows(vocab.begin, vocab.end).clone(), "dW");
-
-    // A token outside the vocabulary is refused, naming it.
-    std::vector<int32_t> bad = tokens;
-    bad[2] = static_cast<int32_t>(V);
-    scratch.reset();
-    try {
-        vocab_parallel_embedding_forward(tp, sp, mine, V, bad, x, scratch);
-        ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("token 16 at position 2 is outside the vocabulary"),
-                  std::string::npos)
-            << e.what();
-    }
-}
-
-// Loss, dlogits (this rank's vocabulary columns), dh (after tp_reduce) and dW against
-// lm_head.h on the whole output layer; T = 130 crosses the 128-row logit chunk; with and without
-// a loss mask.
-TEST_P(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
-    const bool sp = GetParam();
-    auto groups = make_tp_groups();
-    comm::Communicator& tp = groups->tp;
-    const int n = tp.size(), r = tp.rank();
-    const int64_t V = 16, H = 8, T = 132;
-    const Tensor h = filled({T, H}, 9);
-    std::vector<int32_t> labels;
-    std::vector<uint8_t> mask;
-    for (int64_t t = 0; t < T; ++t) {
-        labels.push_back(static_cast<int32_t>(random_bits(10, static_cast<uint64_t>(t)) % V));
-        mask.push_back(t % 5 != 0);
-    }
-    const TpRange vocab = tp_range(V, n, r, "model.vocab_size");
-    const TpRange seq = sp ? tp_range(T, n, r, "tokens") : TpRange{0, T};
-    for (bool masked : {false, true}) {
-        SCOPED_TRACE(masked ? "loss mask" : "no mask");
-        const std::span<const uint8_t> m =
-            masked ? std::span<const uint8_t>(mask) : std::span<const uint8_t>();
-        Param full = table_param("output_layer", V, H, 11);
-        Param mine = shard_param(full, vocab);
-        Arena saved_a{"saved"}, scratch_a{"scratch"}, saved_b{"saved"}, scratch_b{"scratch"};
-        LmHeadContext want_ctx, ctx;
-        const double want = lm_head_forward(full, h, labels, 0.5f, want_ctx, saved_a, scratch_a, m);
-        const double loss =
-            vocab_parallel_lm_head_forward(tp, mine, h, labels, 0.5f, ctx, saved_b, scratch_b, m);
-        Tensor dh_want = Tensor::empty({T, H}, DType::kF32);
-        lm_head_backward_dgrad(full, want_ctx, dh_want);
-        lm_head_backward_wgrad(full, false, want_ctx, scratch_a);
-        Tensor dh_partial = Tensor::empty({T, H}, DType::kF32);
-        lm_head_backward_dgrad(mine, ctx, dh_partial);
-        Tensor dh = Tensor::empty({seq.size(), H}, DType::kF32);
-        tp_reduce(tp, sp, dh_partial, dh);
-        lm_head_backward_wgrad(mine, false, ctx, scratch_b);
-        const Tensor dlogits_want = columns(want_ctx.dlogits, vocab.begin, vocab.end);
-        const Tensor dh_rows = dh_want.rows(seq.begin, seq.end).clone();
-        const Tensor dw_rows = full.main_grad.rows(vocab.begin, vocab.end).clone();
-        if (n == 1) {
-            EXPECT_EQ(loss, want);
-            expect_bits(ctx.dlogits, dlogits_want, "dlogits");
-            expect_bits(dh, dh_rows, "dh");
-            expect_bits(mine.main_grad, dw_rows, "dW");
-        } else {
-            EXPECT_NEAR(loss, want, 1e-6 * std::abs(want));
-            expect_near(ctx.dlogits, dlogits_want, 1e-6, "dlogits");
-            expect_near(dh, dh_rows, 1e-5, "dh");
-            expect_near(mine.main_grad, dw_rows, 1e-5, "dW");
-        }
-        // Every TP rank computed the same loss.
-        std::vector<double> all(static_cast<size_t>(n));
-        tp.all_gather(std::span<const double>(&loss, 1), std::span<double>(all));
-        for (double l : all)
-            EXPECT_EQ(l, loss);
-    }
-}
-
 void fill_param(Param& p, uint64_t seed, float mean = 0.0f, float std = 0.3f) {
     fill_normal(p.master, seed, mean, std);
     refresh_compute(p);
@@ -301,17 +136,11 @@ Param column_shard(const Param& full, int n, int r) {
 // weights' summed over the TP group, as finalize_model_grads sums them).
 TEST_P(TensorParallel, AttentionOnHeadShardsMatchesOneRank) {
     const bool sp = GetParam();
-    auto groups = make_tp_groups();
+    auto groups = make_groups_spanning_job(comm::GroupKind::kTensorParallel);
     comm::Communicator& tp = groups->tp;
     const int n = tp.size(), r = tp.rank();
     const int64_t H = 16, A = 8, G = 4, d = 4, S = 6, T = 12;
-    const AttentionShape full_shape{.hidden = H,
-                                    .num_heads = A,
-                                    .num_groups = G,
-                                    .head_dim = d,
-                                    .seq_length = S,
-                                    .qk_layernorm = true,
-                                    .norm_eps = 1e-6f};
+    const AttentionShape full_shape = qk_norm_attention(H, A, G, d, S);
     AttentionShape shape = full_shape;
     shape.num_heads = A / n;
     shape.num_groups = G / n;
@@ -376,7 +205,7 @@ TEST_P(TensorParallel, AttentionOnHeadShardsMatchesOneRank) {
 // by columns, between tp_gather and tp_reduce, against the whole FFN.
 TEST_P(TensorParallel, SwigluMlpOnFfnShardsMatchesOneRank) {
     const bool sp = GetParam();
-    auto groups = make_tp_groups();
+    auto groups = make_groups_spanning_job(comm::GroupKind::kTensorParallel);
     comm::Communicator& tp = groups->tp;
     const int n = tp.size(), r = tp.rank();
     const int64_t H = 8, F = 12, T = 8;
@@ -425,20 +254,14 @@ TEST_P(TensorParallel, SwigluMlpOnFfnShardsMatchesOneRank) {
 // without it (equal as they are); the q/k norms see the rank's heads (summed either way).
 TEST_P(TensorParallel, DenseTransformerLayerMatchesOneRank) {
     const bool sp = GetParam();
-    auto groups = make_tp_groups();
+    auto groups = make_groups_spanning_job(comm::GroupKind::kTensorParallel);
     comm::Communicator& tp = groups->tp;
     const int n = tp.size(), r = tp.rank();
     const int64_t H = 16, A = 8, G = 4, d = 4, S = 6, B = 2, T = B * S, F = 12;
     LayerShape full{.hidden = H,
                     .tokens = T,
                     .num_sequences = B,
-                    .attn = {.hidden = H,
-                             .num_heads = A,
-                             .num_groups = G,
-                             .head_dim = d,
-                             .seq_length = S,
-                             .qk_layernorm = true,
-                             .norm_eps = 1e-6f},
+                    .attn = qk_norm_attention(H, A, G, d, S),
                     .norm_eps = 1e-6f,
                     .is_moe = false,
                     .ffn_hidden = F,
@@ -529,194 +352,6 @@ TEST_P(TensorParallel, DenseTransformerLayerMatchesOneRank) {
     }
 }
 
-// The whole model (gpt_model.h), a dense layer then a MoE layer with a shared expert, at TP n
-// (GptShape::tp_size) against TP 1 with the same seed: the initial weights are TP 1's slices bit
-// for bit; after two micro-batches' forward and backward the losses and every gradient agree
-// within 1e-5: sharded ones against TP 1's slices; replicated ones (norms, router, experts and
-// the shared expert, which run on the rank's rows) summed over the TP group under SP, as they
-// are without it (every rank saw every token); the q/k norms (the rank's heads) summed always.
-// `router` sets the MoE layer's router (its losses, score function, expert bias); the layer's
-// aux and z losses (summed over the TP group under SP: each rank's is its share) agree with TP 1's
-// within 1e-5 too, and the router weight's gradient within 1e-5 (relative, L2).
-void expect_gpt_model_matches_one_rank(bool sp, int64_t micro_batch_size, int64_t S,
-                                       const std::function<void(moe::MoeConfig&)>& router) {
-    auto groups = make_tp_groups();
-    comm::Communicator& tp = groups->tp;
-    const int n = tp.size(), r = tp.rank();
-    const int64_t H = 16, A = 8, G = 4, d = 4, V = 32, F = 12;
-    GptShape full{.num_layers = 2,
-                  .hidden = H,
-                  .vocab = V,
-                  .seq_length = S,
-                  .micro_batch_size = micro_batch_size,
-                  .attn = {.hidden = H,
-                           .num_heads = A,
-                           .num_groups = G,
-                           .head_dim = d,
-                           .seq_length = S,
-                           .qk_layernorm = true,
-                           .norm_eps = 1e-6f},
-                  .init_std = 0.2f,
-                  .ffn_hidden = F,
-                  .moe_layers = {false, true},
-                  .compute_dtype = DType::kF32};
-    full.moe.hidden_size = H;
-    full.moe.num_experts = 4;
-    full.moe.topk = 2;
-    full.moe.ffn_hidden_size = 8;
-    full.moe.shared_expert_size = 8;
-    full.moe.precision = moe::Precision::kFp32;
-    router(full.moe);
-    GptShape mine = full;
-    mine.tp_size = n;
-    mine.tp_rank = r;
-    mine.sequence_parallel = sp;
-    GptModel one(full), many(mine);
-    one.init_weights(7);
-    many.init_weights(7);
-    if (full.moe.enable_expert_bias) {  // a bias that changes the choices (0 after init)
-        fill_normal(one.layer(1).moe.router.expert_bias, 17, 0.0f, 0.3f);
-        fill_normal(many.layer(1).moe.router.expert_bias, 17, 0.0f, 0.3f);
-    }
-    std::vector<Param*> want = one.dense_params(), got = many.dense_params();
-    want.insert(want.end(), one.expert_params().begin(), one.expert_params().end());
-    got.insert(got.end(), many.expert_params().begin(), many.expert_params().end());
-    ASSERT_EQ(want.size(), got.size());
-    // How rank r's shard is cut from the TP 1 tensor: row blocks, columns (empty), or whole.
-    auto cut = [&](const std::string& name) -> std::pair<int, std::vector<int64_t>> {
-        if (name.find("word_embeddings") != std::string::npos || name == "output_layer.weight")
-            return {1, {V}};
-        if (name.find("linear_qkv") != std::string::npos)
-            return {1, {A * d, G * d, G * d}};
-        if (name.find(".mlp.linear_fc1") != std::string::npos)
-            return {1, {F, F}};
-        if (name.find("linear_proj") != std::string::npos ||
-            name.find(".mlp.linear_fc2") != std::string::npos)
-            return {2, {}};
-        return {0, {}};
-    };
-    auto slice = [&](const Tensor& whole, const Param& like) {
-        const auto [kind, blocks] = cut(like.name);
-        Tensor t = Tensor::empty(like.master.shape(), DType::kF32);
-        if (kind == 1)
-            tp_copy_row_shard(whole, blocks, n, r, t);
-        else if (kind == 2)
-            tp_copy_column_shard(whole, n, r, t);
-        else
-            t.copy_from(whole);
-        return t;
-    };
-    for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_EQ(got[i]->name, want[i]->name);
-        expect_bits(got[i]->master, slice(want[i]->master, *got[i]), got[i]->name.c_str());
-    }
-
-    std::vector<std::vector<int32_t>> tokens(2), labels(2);
-    for (size_t mb = 0; mb < 2; ++mb) {
-        for (int64_t t = 0; t < micro_batch_size * S; ++t) {
-            tokens[mb].push_back(static_cast<int32_t>(random_bits(60 + mb, t) % V));
-            labels[mb].push_back(static_cast<int32_t>(random_bits(70 + mb, t) % V));
-        }
-    }
-    one.begin_step(tokens, labels, 0.5f);
-    many.begin_step(tokens, labels, 0.5f);
-    moe::DispatchComms alone(groups->ep), comms(groups->ep);  // EP 1
-    comms.tp = &tp;
-    Arena scratch_a{"scratch"}, scratch_b{"scratch"};
-    for (int mb = 0; mb < 2; ++mb) {
-        one.forward_backward(mb, alone, scratch_a);
-        many.forward_backward(mb, comms, scratch_b);
-        const double w = one.results()[static_cast<size_t>(mb)].lm_loss;
-        EXPECT_NEAR(many.results()[static_cast<size_t>(mb)].lm_loss, w, 1e-6 * std::abs(w));
-    }
-    // The MoE layer's losses: under SP each rank's share, summed over the group.
-    const LayerStepStats &stats_one = one.layer_stats()[1], &stats_many = many.layer_stats()[1];
-    const auto group_total = [&](double v) {
-        if (!sp || n == 1)
-            return v;
-        float f = static_cast<float>(v);
-        tp.all_reduce_sum(std::span<float>(&f, 1));
-        return static_cast<double>(f);
-    };
-    const double aux = group_total(stats_many.aux_loss), z = group_total(stats_many.z_loss);
-    if (r == 0 && (stats_one.aux_loss > 0 || stats_one.z_loss > 0)) {
-        std::printf("TP %d%s vs TP 1: aux loss %.3g, z loss %.3g (relative)\n", n,
-                    sp ? " + SP" : "", std::abs(aux - stats_one.aux_loss) / stats_one.aux_loss,
-                    std::abs(z - stats_one.z_loss) / stats_one.z_loss);
-    }
-    EXPECT_NEAR(aux, stats_one.aux_loss, 1e-5 * std::abs(stats_one.aux_loss)) << "aux loss";
-    EXPECT_NEAR(z, stats_one.z_loss, 1e-5 * std::abs(stats_one.z_loss)) << "z loss";
-    EXPECT_EQ(
-        full.moe.aux_loss_coeff > 0 && full.moe.load_balancing_type != moe::LoadBalancing::kNone,
-        stats_one.aux_loss > 0);
-    EXPECT_EQ(full.moe.z_loss_coeff > 0, stats_one.z_loss > 0);
-    // The model's list of TP-summed parameters is exactly the dense replicated ones under SP,
-    // and the q/k norms alone without it.
-    const std::vector<Param*>& summed = many.tp_summed_params();
-    const auto is_summed = [&](const Param* p) {
-        return std::find(summed.begin(), summed.end(), p) != summed.end();
-    };
-    size_t want_summed = 0;
-    for (Param* p : many.dense_params()) {
-        const bool heads = p->name.find("q_layernorm") != std::string::npos ||
-                           p->name.find("k_layernorm") != std::string::npos;
-        const bool expect = n > 1 && (heads || (cut(p->name).first == 0 && sp));
-        EXPECT_EQ(is_summed(p), expect) << p->name;
-        want_summed += expect;
-    }
-    EXPECT_EQ(summed.size(), want_summed);
-    for (size_t i = 0; i < want.size(); ++i) {
-        Param& p = *got[i];
-        // The experts' gradients: summed by the EDP group (here the TP group) under SP.
-        const bool expert = p.name.find(".mlp.experts.") != std::string::npos;
-        if (is_summed(&p) || (expert && sp))
-            tp.all_reduce_sum(std::span<float>(p.main_grad.data<float>(), p.main_grad.numel()));
-        expect_near(p.main_grad, slice(want[i]->main_grad, p), 1e-5, p.name.c_str());
-        if (p.name.find("router.weight") != std::string::npos) {
-            const Tensor& w = want[i]->main_grad;
-            double diff_sq = 0, ref_sq = 0;
-            for (int64_t j = 0; j < w.numel(); ++j) {
-                const double d = p.main_grad.data<float>()[j] - w.data<float>()[j];
-                diff_sq += d * d;
-                ref_sq += static_cast<double>(w.data<float>()[j]) * w.data<float>()[j];
-            }
-            ASSERT_GT(ref_sq, 0);
-            if (r == 0)
-                std::printf("TP %d%s vs TP 1: router weight gradient %.3g (relative, L2)\n", n,
-                            sp ? " + SP" : "", std::sqrt(diff_sq / ref_sq));
-            EXPECT_LT(std::sqrt(diff_sq / ref_sq), 1e-5) << p.name;
-        }
-    }
-}
-
-TEST_P(TensorParallel, GptModelMatchesOneRank) {
-    expect_gpt_model_matches_one_rank(GetParam(), 2, 6, [](moe::MoeConfig&) {});
-}
-
-// The router's aux loss and z loss with TP (issue #42, RT042): under SP each rank routes its rows
-// and takes the load-balancing counts over the TP group. Three sequences of 4 tokens over TP 2
-// and 4, so shards (6 or 3 rows) straddle sequences.
-TEST_P(TensorParallel, GptModelRouterLossesMatchOneRank) {
-    {
-        SCOPED_TRACE("softmax router, aux_loss, z loss");
-        expect_gpt_model_matches_one_rank(GetParam(), 3, 4, [](moe::MoeConfig& m) {
-            m.load_balancing_type = moe::LoadBalancing::kAuxLoss;
-            m.aux_loss_coeff = 1.0;
-            m.z_loss_coeff = 0.1;
-        });
-    }
-    {
-        SCOPED_TRACE("sigmoid router with expert bias, seq_aux_loss, z loss");
-        expect_gpt_model_matches_one_rank(GetParam(), 3, 4, [](moe::MoeConfig& m) {
-            m.score_function = moe::ScoreFunction::kSigmoid;
-            m.enable_expert_bias = true;
-            m.load_balancing_type = moe::LoadBalancing::kSeqAuxLoss;
-            m.aux_loss_coeff = 1.0;
-            m.z_loss_coeff = 0.1;
-        });
-    }
-}
-
 TEST(TensorParallelRange, RefusesAnUnevenSplitNamingTheField) {
     EXPECT_EQ(tp_range(16, 4, 3, "model.vocab_size").begin, 12);
     try {
@@ -730,6 +365,7 @@ TEST(TensorParallelRange, RefusesAnUnevenSplitNamingTheField) {
     }
 }
 
+// The suite's one instantiation: it runs the TensorParallel tests of all three files.
 INSTANTIATE_TEST_SUITE_P(Model, TensorParallel, testing::Bool(),
                          [](const auto& info) { return info.param ? "sp" : "no_sp"; });
 
