@@ -15,6 +15,7 @@ namespace epo::config {
 namespace {
 
 using testing::expect_error;
+using testing::has;
 using testing::ids;
 
 const YamlSource kSource{"run_config.yaml"};
@@ -121,7 +122,6 @@ TEST(BridgeIo, UnusedKeysAreListedOnceInANote) {
     const std::vector<std::string> expected = {"dist.*",
                                                "logger.tensorboard_dir",
                                                "mixed_precision.fp8",
-                                               "mixed_precision.grad_reduce_in_fp32",
                                                "model.moe_grouped_gemm",
                                                "model.params_dtype",
                                                "optimizer.use_distributed_optimizer",
@@ -135,6 +135,32 @@ TEST(BridgeIo, UnusedKeysAreListedOnceInANote) {
         listed += note.find("Megatron-Bridge keys EPO does not use") != std::string::npos;
     }
     EXPECT_EQ(listed, 1);
+}
+
+// Bridge's performance recipes reduce gradients in bf16: read, so that the plan charges it and
+// a run is refused (RT047) instead of reducing in fp32. mixed_precision's value wins over ddp's
+// (Bridge's set-up copies it over); a recipe name sets it as the recipe does.
+TEST(BridgeIo, GradReduceDtypeIsReadAndMixedPrecisionWins) {
+    EXPECT_FALSE(build_text(kSmall).config.ddp.grad_reduce_in_fp32);  // mixed_precision's false
+    const std::string ddp_true = std::string(kSmall) +
+                                 "ddp:\n  _target_: megatron.bridge.training.config."
+                                 "DistributedDataParallelConfig\n  grad_reduce_in_fp32: true\n";
+    EXPECT_FALSE(build_text(ddp_true).config.ddp.grad_reduce_in_fp32);
+    const auto with_mixed = [](const std::string& mixed) {
+        return std::string(
+                   "_target_: megatron.bridge.training.config.ConfigContainer\n"
+                   "ddp:\n  _target_: x.DistributedDataParallelConfig\n"
+                   "  grad_reduce_in_fp32: false\n"
+                   "model:\n  _target_: x.GPTModelProvider\n  num_layers: 2\n") +
+               mixed;
+    };
+    EXPECT_FALSE(build_text(with_mixed("")).config.ddp.grad_reduce_in_fp32);  // ddp's alone
+    EXPECT_TRUE(
+        build_text(with_mixed("mixed_precision: bf16_mixed\n")).config.ddp.grad_reduce_in_fp32);
+    EXPECT_FALSE(
+        build_text(with_mixed("mixed_precision: fp16_mixed\n")).config.ddp.grad_reduce_in_fp32);
+    const ValidationReport r = validate(build_text(kSmall));
+    EXPECT_TRUE(has(r.warnings, "RT047")) << ::testing::PrintToString(ids(r.warnings));
 }
 
 TEST(BridgeIo, RequestedOverlapWinsOverTheModelsAsBridgeDoes) {

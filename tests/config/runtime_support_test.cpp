@@ -145,6 +145,7 @@ const std::map<std::string, std::function<void(Config&)>>& uses() {
              c.model.expert_tensor_parallel_size = 2;
              c.model.pipeline_model_parallel_size = 2;
          }},
+        {"RT047", [](Config& c) { c.ddp.grad_reduce_in_fp32 = false; }},
         {"RT026",
          [](Config& c) {
              c.model.moe_token_dispatcher_type = DispatcherType::kFlex;

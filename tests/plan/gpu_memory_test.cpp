@@ -170,6 +170,20 @@ TEST(GpuMemory, DistributedOptimizerShardsMasterAndMomentsOverDataParallel) {
     EXPECT_DOUBLE_EQ(plain.optimizer, 6 * plain.weights);  // 12 bytes against 2
 }
 
+TEST(GpuMemory, MainGradientsInTheComputeDtypeWithoutFp32Reduction) {
+    // ddp.grad_reduce_in_fp32 false (Megatron-Bridge's performance recipes): main gradients in
+    // bf16, 2 bytes a parameter like the weights instead of 4; nothing else moves.
+    config::Config b = config_b();
+    const StageMemory fp32 = estimate_gpu_memory(b).stages[0];
+    EXPECT_DOUBLE_EQ(fp32.main_grads, 2 * fp32.weights);
+    b.ddp.grad_reduce_in_fp32 = false;
+    const StageMemory bf16 = estimate_gpu_memory(b).stages[0];
+    EXPECT_DOUBLE_EQ(bf16.main_grads, bf16.weights);
+    EXPECT_DOUBLE_EQ(bf16.weights, fp32.weights);
+    EXPECT_DOUBLE_EQ(bf16.optimizer, fp32.optimizer);
+    EXPECT_DOUBLE_EQ(bf16.activations, fp32.activations);
+}
+
 TEST(GpuMemory, OverlapHoldsOneLayerMoreAndDelayedWgradAnother) {
     // The combined step frees a layer of one micro-batch as the other takes one: one layer
     // above the baseline; delayed wgrad one layer's output gradients more; paired edges the first

@@ -159,6 +159,43 @@ TEST(PlanCost, FlexDeduplicatesAsDocsFlexSays) {
 // attention's products are half as wide, (T, (32 + 8) 128 / 2 = 2560, 2048) and (T, 2048,
 // 32 128 / 2 = 2048); a gather before and a reduce-scatter after, each (TP-1)/TP T H c =
 // 0.5 x 4096 x 2048 x 2 = 8388608 bytes inside the node.
+// ddp.grad_reduce_in_fp32 false: every gradient reduction moves the main gradients in bf16, half
+// the bytes of fp32 (the buckets' reduce-scatters, the optimizer step's reduction, the
+// embedding copies' sum); the parameter gathers move the bf16 weights either way.
+TEST(PlanCost, GradientReductionsMoveTheMainGradientsDtype) {
+    const std::vector<std::string> common = {"ddp.use_distributed_optimizer=true",
+                                             "ddp.overlap_grad_reduce=true",
+                                             "ddp.overlap_param_gather=true"};
+    std::vector<std::string> low = common;
+    low.push_back("ddp.grad_reduce_in_fp32=false");
+    const PlanModel fp32 = plan_model_of(finalized(common, 8));
+    const PlanModel bf16 = plan_model_of(finalized(low, 8));
+    EXPECT_EQ(fp32.grad_bytes, 4);
+    EXPECT_EQ(bf16.grad_bytes, 2);
+    ASSERT_FALSE(fp32.bucket_dense_bytes.empty());
+    for (int b = 0; b < static_cast<int>(fp32.bucket_dense_bytes.size()); ++b) {
+        SCOPED_TRACE(b);
+        const NodeCall reduce{0, b, schedule::NodeKind::kGradReduce, schedule::Phase::kBackward};
+        const NodeCall gather{0, b, schedule::NodeKind::kParamGather, schedule::Phase::kForward};
+        EXPECT_EQ(2 * bf16.bucket_dense_bytes[static_cast<size_t>(b)],
+                  fp32.bucket_dense_bytes[static_cast<size_t>(b)]);
+        EXPECT_EQ(2 * node_work(bf16, reduce).bytes.inter_sent,
+                  node_work(fp32, reduce).bytes.inter_sent);
+        EXPECT_EQ(node_work(bf16, gather).bytes.inter_sent,
+                  node_work(fp32, gather).bytes.inter_sent);
+        EXPECT_GT(node_work(fp32, gather).bytes.inter_sent, 0);
+    }
+    // EP 8 on 16 ranks: the experts' reduction over EDP 2 halves the same way.
+    const auto expert_sum = [](const PlanModel& m) {
+        int64_t sum = 0;
+        for (int64_t v : m.bucket_expert_bytes)
+            sum += v;
+        return sum;
+    };
+    EXPECT_GT(expert_sum(fp32), 0);
+    EXPECT_EQ(2 * expert_sum(bf16), expert_sum(fp32));
+}
+
 TEST(PlanCost, TensorParallelSplitsProductsAndGathersAroundThem) {
     const config::Config cfg =
         finalized({"model.tensor_model_parallel_size=2", "model.sequence_parallel=true"});

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "epo/config/harness.h"
@@ -97,6 +98,8 @@ public:
             }
         }
         reconcile_overlap(root);
+        if (mixed_grad_reduce_in_fp32_)
+            set("ddp.grad_reduce_in_fp32", *mixed_grad_reduce_in_fp32_);
         out_.ignored.assign(ignored_.begin(), ignored_.end());
         return std::move(out_);
     }
@@ -293,6 +296,8 @@ private:
             }
             set("model.bf16", YAML::Node(name.find("bf16") != std::string::npos));
             set("model.fp16", YAML::Node(name.find("fp16") != std::string::npos));
+            // Bridge's fp16 recipes reduce gradients in fp16, its bf16 ones in fp32.
+            mixed_grad_reduce_in_fp32_ = YAML::Node(name.find("fp16") == std::string::npos);
             return;
         }
         for (const auto& entry : value) {
@@ -304,6 +309,10 @@ private:
             check_unhonoured(key, entry.second, entry.first.Mark());
             if (name == "bf16" || name == "fp16") {
                 set("model." + name, entry.second);
+            } else if (name == "grad_reduce_in_fp32") {
+                // Bridge's set-up copies it over the DDP config's (run() applies it last).
+                if (!entry.second.IsNull())
+                    mixed_grad_reduce_in_fp32_ = entry.second;
             } else if ((name == "fp8" || name == "fp8_recipe") && !entry.second.IsNull()) {
                 // Bridge's mixed-precision recipe writes fp8 over the model's (its setup copies
                 // these fields onto the model config).
@@ -343,6 +352,8 @@ private:
     const YamlSource& source_;
     BridgeTranslation out_;
     std::set<std::string> ignored_;
+    // mixed_precision's grad_reduce_in_fp32 (undefined: not given), which wins over ddp's.
+    std::optional<YAML::Node> mixed_grad_reduce_in_fp32_;
 };
 
 // Megatron-LM argument names that differ from EPO's key, or set more than one field.
@@ -368,6 +379,8 @@ void translate_megatron_arg(const std::string& name, const YAML::Node& value,
         {"use_distributed_optimizer", "ddp.use_distributed_optimizer"},
         {"overlap_grad_reduce", "ddp.overlap_grad_reduce"},
         {"overlap_param_gather", "ddp.overlap_param_gather"},
+        // The dump holds arguments.py's resolved value (bf16 sets it unless grad_reduce_in_bf16).
+        {"accumulate_allreduce_grads_in_fp32", "ddp.grad_reduce_in_fp32"},
         {"virtual_pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
         {"normalization", "model.normalization"},
         {"position_embedding_type", "model.position_embedding_type"},

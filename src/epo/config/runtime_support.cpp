@@ -464,6 +464,10 @@ const std::vector<FeatureRow>& rows() {
                          show(c.model.pipeline_model_parallel_size));
          },
          "set model.pipeline_model_parallel_size=1, or model.expert_tensor_parallel_size=1"},
+        {{"RT047", "gradients accumulated and reduced in the compute dtype",
+          &RC::low_precision_grad_reduce},
+         [](C c) { return when(!c.ddp.grad_reduce_in_fp32, "ddp.grad_reduce_in_fp32", "false"); },
+         "set ddp.grad_reduce_in_fp32=true (the runtime's main gradients are fp32)"},
     };
     return table;
 }

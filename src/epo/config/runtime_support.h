@@ -63,6 +63,7 @@ struct RuntimeCapabilities {
     bool etp_flex = false;                    // RT044 (the flex dispatcher with ETP > 1)
     bool etp_expert_chunks = false;           // RT045 (MoE chunks with ETP > 1)
     bool etp_pipeline = false;                // RT046 (ETP > 1 with PP > 1; runs now)
+    bool low_precision_grad_reduce = false;   // RT047 (ddp.grad_reduce_in_fp32 false)
 
     // What the runtime on this branch executes.
     static RuntimeCapabilities current();

@@ -69,6 +69,10 @@ struct DdpConfig {
     bool overlap_param_gather = false;
     std::optional<std::int64_t> bucket_size;  // bytes; null: one bucket
     bool align_param_gather = false;
+    // Gradients accumulated and reduced in fp32 (the main_grad buffers); false: in the compute
+    // dtype, as Megatron-Bridge's performance recipes run. Megatron-LM and Bridge's bf16 mixed
+    // precision set it true; the epo runtime runs fp32 only (RT047), `epo plan` both.
+    bool grad_reduce_in_fp32 = true;
     // Nullable because finalization copies comm_overlap's value into it, null included.
     std::optional<bool> delay_wgrad_compute = false;
 
@@ -81,6 +85,7 @@ struct DdpConfig {
         v("overlap_param_gather", s.overlap_param_gather);
         v("bucket_size", s.bucket_size, Limits::at_least(1));
         v("align_param_gather", s.align_param_gather);
+        v("grad_reduce_in_fp32", s.grad_reduce_in_fp32);
         v("delay_wgrad_compute", s.delay_wgrad_compute);
     }
 };

@@ -220,7 +220,8 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     const config::ModelConfig& mc = cfg.model;
     m.ep_size = std::max(1, mc.expert_model_parallel_size);
     m.shape = model::gpt_shape_from_config(cfg, m.ep_size, 0, pipeline_rank);
-    m.compute_bytes = mc.bf16 ? 2 : 4;
+    m.compute_bytes = mc.bf16 || mc.fp16 ? 2 : 4;
+    m.grad_bytes = cfg.ddp.grad_reduce_in_fp32 ? 4 : m.compute_bytes;
     m.num_nodes = config::num_nodes(cfg.comm);
     const int per_node = config::gpus_per_node(cfg.comm);
     m.ep_ranks_per_node = std::max(1, std::min(m.ep_size, per_node));
@@ -287,9 +288,9 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
             // Dense weights split over TP, the experts' over ETP (norms and the router are
             // replicated: counted split, a rounding of their few bytes).
             for (int64_t n : sizes.dense)
-                dense += plan.dp_size > 1 ? 4 * n / m.tp_size : 0;
+                dense += plan.dp_size > 1 ? m.grad_bytes * n / m.tp_size : 0;
             for (int64_t n : sizes.expert)
-                expert += plan.edp_size > 1 ? 4 * n / m.etp_size : 0;
+                expert += plan.edp_size > 1 ? m.grad_bytes * n / m.etp_size : 0;
         }
         m.bucket_dense_bytes.push_back(dense);
         m.bucket_expert_bytes.push_back(expert);
@@ -335,8 +336,10 @@ NodeWork node_work(const PlanModel& m, const NodeCall& call) {
             NodeWork w;
             const auto b = static_cast<size_t>(call.layer);
             const bool gather = call.node == NodeKind::kParamGather;
-            // fp32 gradients; a gather moves the parameters in the compute dtype.
-            const double scale = gather ? c / 4 : (m.distributed_optimizer ? 1.0 : 2.0);
+            // The buckets' gradient bytes (fp32, or the compute dtype with grad_reduce_in_fp32
+            // false); a gather moves the parameters in the compute dtype.
+            const double scale = gather ? c / static_cast<double>(m.grad_bytes)
+                                        : (m.distributed_optimizer ? 1.0 : 2.0);
             const auto part = [&](int64_t bytes, int group, bool crosses) {
                 if (group <= 1 || bytes == 0)
                     return;
@@ -432,10 +435,11 @@ OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
     OptimizerWork o;
     const double shard =
         plan.distributed_optimizer ? dense / m.dp_size + expert / m.edp_size : dense + expert;
-    // Adam per element of the shard: gradient read, master and m, v read and written (4 + 3 x 8),
-    // the compute copy written; every gradient zeroed for the next step.
+    // Adam per element of the shard: gradient read, master and m, v read and written (3 x 8), the
+    // compute copy written; every gradient zeroed for the next step.
+    const double g_bytes = static_cast<double>(m.grad_bytes);
     o.elementwise_bytes =
-        shard * (28 + static_cast<double>(m.compute_bytes)) + (dense + expert) * 4;
+        shard * (g_bytes + 24 + static_cast<double>(m.compute_bytes)) + (dense + expert) * g_bytes;
     NodeWork& w = o.collectives;
     w.num_collectives = 2;  // the loss and the grad norm
     const auto reduce = [&](double elements, int group, bool crosses) {
@@ -444,7 +448,7 @@ OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
         const double g = (group - 1.0) / group;
         if (!plan.reduce_in_buckets) {
             w.bytes +=
-                group_bytes(elements * 4 * g * (plan.distributed_optimizer ? 1 : 2), crosses);
+                group_bytes(elements * g_bytes * g * (plan.distributed_optimizer ? 1 : 2), crosses);
             ++w.num_collectives;
         }
         if (plan.distributed_optimizer && !plan.param_gather_overlap) {
@@ -457,16 +461,16 @@ OptimizerWork optimizer_work(const PlanModel& m, const train::StepPlan& plan) {
     if (m.shape.has_embedding_copies() && (m.shape.holds(-1) || m.shape.holds_embedding_copy())) {
         // The word embedding's two copies (the first stage's, the last stage's for MTP or tied
         // output weights): their gradients summed over the embedding group (Megatron-Core's
-        // _allreduce_word_embedding_grads, after the data-parallel reduction, the whole fp32
-        // gradient; the epo runtime's embedding group likewise), 2 ranks: V H / TP x 4 bytes.
+        // _allreduce_word_embedding_grads, after the data-parallel reduction, the whole main
+        // gradient; the epo runtime's embedding group likewise), 2 ranks: V H / TP elements.
         o.embedding_bytes = static_cast<double>(m.shape.vocab) *
-                            static_cast<double>(m.shape.hidden) / m.tp_size * 4;
+                            static_cast<double>(m.shape.hidden) / m.tp_size * g_bytes;
         w.bytes += group_bytes(o.embedding_bytes, m.pp_crosses_nodes);
         ++w.num_collectives;
     }
     if (m.tp_summed_elements > 0) {
-        // The TP group's sums of replicated gradients, one coalesced fp32 all-reduce.
-        o.tp_bytes = m.tp_summed_elements * 4 * 2 * (m.tp_size - 1.0) / m.tp_size;
+        // The TP group's sums of replicated gradients, one coalesced all-reduce of main grads.
+        o.tp_bytes = m.tp_summed_elements * g_bytes * 2 * (m.tp_size - 1.0) / m.tp_size;
         w.bytes += group_bytes(o.tp_bytes, m.tp_crosses_nodes);
         ++w.num_collectives;
     }

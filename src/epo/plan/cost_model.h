@@ -159,6 +159,8 @@ struct NodeWork {
 struct PlanModel {
     model::GptShape shape;      // EP rank 0 (every rank alike, but for the expert load)
     int64_t compute_bytes = 2;  // c: bytes of the compute dtype
+    // Bytes of a gradient element (main_grad): 4, or c with ddp.grad_reduce_in_fp32 false.
+    int64_t grad_bytes = 4;
     int ep_size = 1;
     int ep_ranks_per_node = 1;  // EP ranks that share a node
     int num_nodes = 1;

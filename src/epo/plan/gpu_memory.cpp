@@ -239,7 +239,8 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
         }
         st.weights = c * (dense + expert);
         st.fp8_weights = fp8_weight_copy_bytes(m) * gemm;
-        st.main_grads = 4 * (dense + expert);
+        // fp32, or the compute dtype with ddp.grad_reduce_in_fp32 false.
+        st.main_grads = (cfg.ddp.grad_reduce_in_fp32 ? 4 : c) * (dense + expert);
         const double adam = c == 2 ? 12 : 8;
         st.optimizer = adam * (dist ? dense / dp + expert / edp : dense + expert);
         out.stages.push_back(st);
