@@ -114,12 +114,6 @@ TEST(PlanCost, ExpertLoadImbalanceChargesTheBusiestRank) {
 // the C chunks' calls do the products and move the bytes of the one whole call, each chunk
 // running L / C experts on their whole rows.
 TEST(PlanCost, ChunksShareTheWholeCallsWork) {
-    const auto flops = [](const NodeWork& w) {
-        double f = 0;
-        for (const Gemm& g : w.gemms)
-            f += 2 * g.m * g.n * g.k * g.count;
-        return f;
-    };
     const auto work = [](const std::vector<std::string>& o, schedule::NodeKind kind, int chunk) {
         const config::Config cfg = finalized(o);
         const model::GptShape shape = model::gpt_shape_from_config(cfg, 16, 0);
@@ -295,12 +289,6 @@ TEST(PlanCost, MultiLatentAttentionComputesItsProjections) {
 // backward call adds nothing); selective core_attn: the backward runs only the score and context
 // products again first; none as the baseline.
 TEST(PlanCost, RecomputeAddsTheForwardItRunsAgain) {
-    const auto flops = [](const NodeWork& w) {
-        double f = 0;
-        for (const Gemm& g : w.gemms)
-            f += 2 * g.m * g.n * g.k * g.count;
-        return f;
-    };
     const NodeCall fwd{0, 0, schedule::NodeKind::kPreDispatch, schedule::Phase::kForward};
     const NodeCall bwd{0, 0, schedule::NodeKind::kPreDispatch, schedule::Phase::kBackward};
     const PlanModel none = plan_model_of(finalized({}));
@@ -391,12 +379,6 @@ TEST(PlanCost, CudaGraphsReplaceTheGraphedModulesLaunches) {
 // projection (T, H, 2H) on its pre_dispatch; the output call adds only the MTP's output head. The
 // layer is charged once: an earlier plan also charged it inside the output call (issue #37, row 4).
 TEST(PlanCost, MultiTokenPredictionAddsItsLayerOnceAndItsHeadToTheOutput) {
-    const auto flops = [](const NodeWork& w) {
-        double f = 0;
-        for (const Gemm& g : w.gemms)
-            f += 2 * g.m * g.n * g.k * g.count;
-        return f;
-    };
     const config::Config none_cfg = finalized({});
     const config::Config mtp_cfg = finalized({"model.mtp_num_layers=1"});
     const PlanModel none = plan_model_of(none_cfg);

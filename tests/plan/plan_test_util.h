@@ -40,6 +40,14 @@ inline PlanModel plan_model_of(const config::Config& cfg) {
     return make_plan_model(cfg, sp, h100().device, false);
 }
 
+// A call's products in FLOPs: 2 m n k each, times its count.
+inline double flops(const NodeWork& w) {
+    double f = 0;
+    for (const Gemm& g : w.gemms)
+        f += 2 * g.m * g.n * g.k * g.count;
+    return f;
+}
+
 inline config::Config with_overlap(config::Config cfg) {
     cfg.model.overlap_moe_expert_parallel_comm = true;
     return cfg;

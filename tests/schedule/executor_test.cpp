@@ -20,6 +20,7 @@
 
 #include "epo/runtime/stream.h"
 #include "epo/schedule/pipeline_schedule.h"
+#include "schedule/schedule_test_util.h"
 
 namespace epo::schedule {
 namespace {
@@ -150,11 +151,7 @@ TEST(Executor, SharedExpertWaitsForItsInputsAndIsWaitedFor) {
         note("end " + call_name(call));
     });
     streams.synchronize();
-    const auto at = [&](const std::string& what) {
-        const auto it = std::find(log.begin(), log.end(), what);
-        EXPECT_NE(it, log.end()) << what;
-        return it - log.begin();
-    };
+    const auto at = [&](const std::string& what) { return test_util::position_of(log, what); };
     const std::string l = "stage0.chunk0.mb0.layer0.";
     EXPECT_LT(at("end " + l + "pre_dispatch.forward"), at("start " + l + "shared_expert.forward"));
     EXPECT_LT(at("end " + l + "shared_expert.forward"), at("start " + l + "mlp.forward"));

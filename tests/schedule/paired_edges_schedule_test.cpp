@@ -60,11 +60,7 @@ TEST(Schedule, PairedEdgesRunTheFirstForwardsAndTheLastBackwardsTogether) {
     ScheduleShape s = paired_shape(3, {true, true}, true);
     const auto calls = overlap_schedule(s);
     const auto n = names(calls);
-    const auto at = [&](const std::string& name) {
-        const auto it = std::find(n.begin(), n.end(), name);
-        EXPECT_NE(it, n.end()) << name;
-        return it - n.begin();
-    };
+    const auto at = [&](const std::string& name) { return position_of(n, name); };
     EXPECT_EQ(at("mb0.output.forward") + 1, at("mb0.output.backward"));
     EXPECT_EQ(at("mb0.output.backward") + 1, at("mb1.output.forward"));
     EXPECT_EQ(at("mb1.output.forward") + 1, at("mb2.embedding.forward"));
@@ -145,11 +141,7 @@ TEST(Schedule, PairedEdgesGatherInTheFirstForwardAndReduceInTheLastBackward) {
         s.param_bucket_ends = {2, 1, 0, kEmbeddingPosition};
         const auto calls = overlap_schedule(s);
         const auto n = names(calls);
-        const auto at = [&](const std::string& name) {
-            const auto it = std::find(n.begin(), n.end(), name);
-            EXPECT_NE(it, n.end()) << name;
-            return it - n.begin();
-        };
+        const auto at = [&](const std::string& name) { return position_of(n, name); };
         const int last = mbs - 1, before = mbs - 2;
         int gathers = 0, reduces = 0;
         for (size_t i = 0; i < calls.size(); ++i) {

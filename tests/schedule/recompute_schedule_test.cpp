@@ -211,9 +211,7 @@ TEST(Schedule, SharedExpertFollowsTheFirstChunkAndRunsInTheRecompute) {
     ScheduleShape recomputed = recompute_shape(1, {true}, false, {0});
     recomputed.shared_expert_overlap = true;
     const auto calls = layer_calls(baseline_schedule(recomputed), 0, 0);
-    const auto at = [&](const std::string& name) {
-        return std::find(calls.begin(), calls.end(), name) - calls.begin();
-    };
+    const auto at = [&](const std::string& name) { return position_of(calls, name); };
     EXPECT_EQ(at("mb0.layer0.shared_expert.recompute"), at("mb0.layer0.dispatch.recompute") + 1);
     EXPECT_EQ(at("mb0.layer0.mlp.recompute"), at("mb0.layer0.shared_expert.recompute") + 1);
 }

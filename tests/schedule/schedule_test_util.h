@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <map>
 #include <string>
 #include <tuple>
@@ -18,6 +20,14 @@ inline std::vector<std::string> names(const std::vector<NodeCall>& calls) {
     for (const auto& c : calls)
         out.push_back(call_name(c));
     return out;
+}
+
+// Where `name` stands in `list`: a failure names it when it is missing (the position is then
+// the list's size).
+inline std::ptrdiff_t position_of(const std::vector<std::string>& list, const std::string& name) {
+    const auto it = std::find(list.begin(), list.end(), name);
+    EXPECT_NE(it, list.end()) << name;
+    return it - list.begin();
 }
 
 inline ScheduleShape moe_shape(int mbs, int layers, bool delay) {

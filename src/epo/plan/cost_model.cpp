@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "epo/config/finalize.h"
+#include "epo/plan/gpu_memory.h"
 #include "epo/plan/layer_work.h"
 
 namespace epo::plan {
@@ -220,8 +221,8 @@ PlanModel make_plan_model(const config::Config& cfg, const train::StepPlan& plan
     const config::ModelConfig& mc = cfg.model;
     m.ep_size = std::max(1, mc.expert_model_parallel_size);
     m.shape = model::gpt_shape_from_config(cfg, m.ep_size, 0, pipeline_rank);
-    m.compute_bytes = mc.bf16 || mc.fp16 ? 2 : 4;
-    m.grad_bytes = cfg.ddp.grad_reduce_in_fp32 ? 4 : m.compute_bytes;
+    m.compute_bytes = compute_dtype_bytes(mc);
+    m.grad_bytes = main_grad_bytes(cfg);
     m.num_nodes = config::num_nodes(cfg.comm);
     const int per_node = config::gpus_per_node(cfg.comm);
     m.ep_ranks_per_node = std::max(1, std::min(m.ep_size, per_node));

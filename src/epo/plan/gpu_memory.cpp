@@ -157,7 +157,7 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
     const double dp = static_cast<double>(world) / config::model_parallel_size(m);
     const double edp = static_cast<double>(world) /
                        (config::expert_tensor_parallel_size(m) * m.expert_model_parallel_size * P);
-    const double c = m.bf16 || m.fp16 ? 2 : 4;
+    const double c = compute_dtype_bytes(m);
     const bool dist = cfg.ddp.use_distributed_optimizer;
     const std::vector<bool> moe = config::moe_layer_pattern(m);
     const double t = m.tensor_model_parallel_size, H = m.hidden_size;
@@ -239,8 +239,7 @@ GpuMemory estimate_gpu_memory(const config::Config& cfg) {
         }
         st.weights = c * (dense + expert);
         st.fp8_weights = fp8_weight_copy_bytes(m) * gemm;
-        // fp32, or the compute dtype with ddp.grad_reduce_in_fp32 false.
-        st.main_grads = (cfg.ddp.grad_reduce_in_fp32 ? 4 : c) * (dense + expert);
+        st.main_grads = main_grad_bytes(cfg) * (dense + expert);
         const double adam = c == 2 ? 12 : 8;
         st.optimizer = adam * (dist ? dense / dp + expert / edp : dense + expert);
         out.stages.push_back(st);

@@ -72,6 +72,16 @@
 
 namespace epo::plan {
 
+// Bytes of an element of the compute dtype (bf16 / fp16: 2, else 4), and of a main gradient
+// (fp32, or the compute dtype with ddp.grad_reduce_in_fp32 false): the memory model's and the
+// cost model's one rule.
+inline int compute_dtype_bytes(const config::ModelConfig& m) {
+    return m.bf16 || m.fp16 ? 2 : 4;
+}
+inline int main_grad_bytes(const config::Config& cfg) {
+    return cfg.ddp.grad_reduce_in_fp32 ? 4 : compute_dtype_bytes(cfg.model);
+}
+
 struct StageMemory {
     int stage = 0;
     int num_layers = 0;          // transformer layers on the stage, every model chunk
