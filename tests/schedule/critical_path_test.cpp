@@ -48,6 +48,25 @@ TEST(CriticalPath, MicroBatchOrderIsRespected) {
     EXPECT_DOUBLE_EQ(critical_path_seconds(calls, [](const NodeCall&) { return 1.0; }), 1.0);
 }
 
+// Delayed weight gradients run off their micro-batch's chain: the dispatch backward starts when
+// the expert dgrad ends, beside the expert wgrad; a gradient reduction after the wgrad.
+TEST(CriticalPath, DelayedWeightGradientsRunBesideTheDispatchBackward) {
+    const std::vector<NodeCall> calls = {
+        {.micro_batch = 0,
+         .layer = 0,
+         .node = NodeKind::kMlp,
+         .phase = Phase::kBackward,
+         .wgrad_delayed = true},
+        {.micro_batch = 0, .layer = 0, .node = NodeKind::kMlp, .phase = Phase::kBackwardDw},
+        {.micro_batch = 0, .layer = 0, .node = NodeKind::kDispatch, .phase = Phase::kBackward},
+        {.micro_batch = 0, .layer = 0, .node = NodeKind::kGradReduce, .phase = Phase::kBackward}};
+    const auto dur = [](const NodeCall& c) { return c.phase == Phase::kBackwardDw ? 3.0 : 1.0; };
+    const std::vector<CallSpan> spans = critical_path_spans(calls, dur);
+    EXPECT_DOUBLE_EQ(spans[2].start, 1.0);  // not 4.0: the wgrad is not the dispatch's input
+    EXPECT_DOUBLE_EQ(spans[3].start, 4.0);  // the reduction reads the wgrad's result
+    EXPECT_DOUBLE_EQ(critical_path_seconds(calls, dur), 5.0);
+}
+
 // Shared-expert overlap: the shared expert runs beside the dispatch and the combine backward,
 // so one micro-batch through one MoE layer (14 calls of unit duration, embedding and output
 // included) takes 12 units, not 14 as when the same calls run in series.

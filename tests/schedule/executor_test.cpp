@@ -104,6 +104,53 @@ TEST(Executor, CallsInOrderOnOneChainNeverMeet) {
     EXPECT_EQ(missed.size(), 1u);
 }
 
+// Delayed weight gradients (schedule.h): the expert wgrad computes while the dispatch backward's
+// all-to-all is in flight, and a layer's attention wgrad while the next layer's combine backward's
+// is, as the reference runs them; chained behind them (the micro-batch's event recorded by the
+// wgrad) neither pair meets.
+TEST(Executor, DelayedWeightGradientsRunBesideTheBackwardsAllToAlls) {
+    ScheduleShape s{2, {true, true}};
+    s.delay_wgrad = true;
+    const std::set<std::string> missed =
+        run(overlap_schedule(s), 2,
+            {{"mb0.layer1.mlp.backward_dw", "mb0.layer1.dispatch.backward"},
+             {"mb0.layer1.dispatch.backward", "mb0.layer1.mlp.backward_dw"},
+             {"mb0.layer1.pre_dispatch.backward_dw", "mb0.layer0.combine.backward"},
+             {"mb0.layer0.combine.backward", "mb0.layer1.pre_dispatch.backward_dw"}});
+    EXPECT_TRUE(missed.empty()) << *missed.begin();
+}
+
+// ... and what reads the weight gradients still waits for them: a gradient reduction of the
+// micro-batch starts only after its delayed weight gradients end (one slowed here, so that a
+// reduction waiting only for the micro-batch's chain would start first).
+TEST(Executor, GradientReductionWaitsForTheDelayedWeightGradients) {
+    const std::vector<NodeCall> calls = {
+        {.micro_batch = 0,
+         .layer = 0,
+         .node = NodeKind::kMlp,
+         .phase = Phase::kBackward,
+         .wgrad_delayed = true},
+        {.micro_batch = 0, .layer = 0, .node = NodeKind::kMlp, .phase = Phase::kBackwardDw},
+        {.micro_batch = 0, .layer = 0, .node = NodeKind::kGradReduce, .phase = Phase::kBackward}};
+    std::mutex mutex;
+    std::vector<std::string> log;
+    const auto note = [&](const std::string& what) {
+        std::lock_guard lock(mutex);
+        log.push_back(what);
+    };
+    runtime::RankStreams streams{std::make_unique<runtime::Stream>("compute"),
+                                 std::make_unique<runtime::Stream>("comm")};
+    issue_schedule(calls, 1, streams, [&](const NodeCall& call, runtime::StreamContext&) {
+        note("start " + call_name(call));
+        if (call.phase == Phase::kBackwardDw)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        note("end " + call_name(call));
+    });
+    streams.synchronize();
+    const auto at = [&](const std::string& what) { return test_util::position_of(log, what); };
+    EXPECT_LT(at("end mb0.layer0.mlp.backward_dw"), at("start mb0.bucket0.grad_reduce"));
+}
+
 ScheduleShape shared_overlap_layer(int chunks) {
     ScheduleShape s = one_moe_layer(1, chunks);
     s.shared_expert_overlap = true;

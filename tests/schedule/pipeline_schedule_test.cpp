@@ -75,7 +75,9 @@ TEST(PipelineSchedule, RefusesShapesItCannotSplit) {
 // Replays the stages' lists as the executor issues them (executor.h): two FIFO streams per
 // stage; each call after what its events bind it to: the previous recorded call of its
 // (micro-batch, MoE chunk) chain (a whole call joins every chunk's), nothing for a parameter
-// gather, and the gather of the bucket it waits for. Side branches record nothing. A transfer
+// gather, and the gather of the bucket it waits for; a gradient reduction also after its
+// micro-batch's latest delayed weight gradient. Calls off the chain (side branches, delayed
+// weight gradients) record nothing on it. A transfer
 // completes only when the send is at the head of the sender's comm stream and the matching
 // receive at the head of the receiver's, both with their inputs done. Returns whether everything
 // completed.
@@ -94,6 +96,7 @@ bool replays_without_deadlock(const std::vector<std::vector<NodeCall>>& lists, s
             C = std::max(C, c.moe_chunk + 1);
         std::map<std::pair<int, int>, size_t> last;  // (mb, chunk) -> last recording call
         std::map<int, size_t> gather;                // bucket -> its gather
+        std::map<int, size_t> wgrad;                 // mb -> its latest delayed weight gradient
         cur[s].done.assign(lists[s].size(), false);
         for (size_t i = 0; i < lists[s].size(); ++i) {
             const NodeCall& c = lists[s][i];
@@ -108,9 +111,13 @@ bool replays_without_deadlock(const std::vector<std::vector<NodeCall>>& lists, s
             }
             if (c.wait_bucket >= 0)
                 deps.push_back(gather.at(c.wait_bucket));
+            if (c.node == NodeKind::kGradReduce && wgrad.count(c.micro_batch) > 0)
+                deps.push_back(wgrad.at(c.micro_batch));
             if (c.node == NodeKind::kParamGather)
                 gather[c.layer] = i;
-            if (!is_side_branch(c.node)) {
+            if (c.phase == Phase::kBackwardDw)
+                wgrad[c.micro_batch] = i;
+            if (!runs_off_chain(c)) {
                 for (int k = lo; k < hi; ++k)
                     last[{c.micro_batch, k}] = i;
             }

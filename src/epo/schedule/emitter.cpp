@@ -405,9 +405,10 @@ private:
             add(b, -1, NodeKind::kEmbedding, Phase::kBackward);
             close(b, kEmbeddingPosition);
         }
-        // The first layer's delayed attention wgrad runs after the chunk (the reference keeps
-        // it back to overlap the pipeline's p2p communication); before the gradient's send,
-        // which waits for the micro-batch's previous call (executor.h) either way.
+        // The first layer's delayed attention wgrad runs after the chunk, issued before the
+        // gradient's send, which does not wait for it (off the chain, schedule.h): the send runs
+        // while it computes, as the reference keeps it back to overlap the pipeline's p2p
+        // communication.
         if (delay && nb > 0)
             add(b, b.first, NodeKind::kPreDispatch, Phase::kBackwardDw);
         if (!b.embedding)

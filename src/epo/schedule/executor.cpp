@@ -30,6 +30,13 @@ IssuedEvents issue_schedule(const std::vector<NodeCall>& calls, int num_micro_ba
             out.push_back(&events[static_cast<size_t>(call.micro_batch * num_chunks + c)]);
         return out;
     };
+    // One event per micro-batch for its delayed weight gradients (off the chain, schedule.h
+    // runs_off_chain): recorded by each, on the compute stream in order, so the latest record
+    // covers them all; a gradient reduction of the micro-batch waits for it.
+    std::vector<runtime::Event> wgrads;
+    wgrads.reserve(static_cast<size_t>(num_micro_batches));
+    for (int mb = 0; mb < num_micro_batches; ++mb)
+        wgrads.emplace_back(fmt::format("mb{}.wgrad", mb));
     // One event per parameter bucket gather (schedule.h): recorded by the gather, waited for by
     // the first forward call that reads the bucket's weights.
     std::vector<runtime::Event> gathered;
@@ -83,6 +90,10 @@ IssuedEvents issue_schedule(const std::vector<NodeCall>& calls, int num_micro_ba
         }
         if (call.wait_bucket >= 0)
             stream.wait(gathered.at(static_cast<size_t>(call.wait_bucket)));
+        // A bucket's gradients are whole once every weight gradient of the bucket is, the
+        // delayed ones too (a never-recorded event is no wait).
+        if (call.node == NodeKind::kGradReduce)
+            stream.wait(wgrads.at(static_cast<size_t>(call.micro_batch)));
         stream.enqueue(call_name(call), [shared_body, call](runtime::StreamContext& ctx) {
             (*shared_body)(call, ctx);
         });
@@ -90,9 +101,11 @@ IssuedEvents issue_schedule(const std::vector<NodeCall>& calls, int num_micro_ba
             stream.record(gathered[static_cast<size_t>(call.layer)]);
         if (call.node == NodeKind::kGradReduce)
             stream.record(issued.reduced[static_cast<size_t>(call.layer)]);
-        // Side branches (gradient reduction, parameter gather): nothing of the micro-batch waits
-        // for them through its event.
-        if (!is_side_branch(call.node)) {
+        // Off the chain (side branches, delayed weight gradients): nothing of the micro-batch
+        // waits for them through its event.
+        if (call.phase == Phase::kBackwardDw)
+            stream.record(wgrads.at(static_cast<size_t>(call.micro_batch)));
+        if (!runs_off_chain(call)) {
             for (runtime::Event* e : chain)
                 stream.record(*e);
         }

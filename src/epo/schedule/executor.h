@@ -4,6 +4,9 @@
 // most recent record, so they serialize; calls of two micro-batches are free to overlap. A
 // gradient reduction waits like any call but records only its bucket's own event (returned, for
 // the optimizer step's work on that bucket), so the micro-batch's next call does not wait for it.
+// A delayed weight gradient (backward_dw) records only its micro-batch's wgrad event, which a
+// gradient reduction of the micro-batch waits for: the dispatch backward after the expert wgrad,
+// and the next layer's combine backward after the attention wgrad, run while it computes.
 // With MoE chunks (schedule.h) the event is per (micro-batch, chunk): a chunk's call waits on and
 // records its chunk's event, a whole call all of the micro-batch's, so chunk c+1's dispatch runs
 // while chunk c's experts compute. A call that runs beside the previous one (schedule.h

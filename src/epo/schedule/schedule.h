@@ -17,7 +17,11 @@
 //    5 b.mlp.backward_dw    6 b.dispatch.backward      7 f.mlp.forward    8 f.combine.forward
 //    9 b.pre_dispatch.backward                          10 b.pre_dispatch.backward_dw
 // Steps 5 and 10 exist only with delay_wgrad_compute (otherwise the weight gradients are part of
-// steps 3 and 9); step 10 of the backward's last layer (layer 0) runs after the whole chunk.
+// steps 3 and 9); step 10 of the backward's last layer (layer 0) runs after the whole chunk. A
+// delayed weight gradient runs off its micro-batch's chain (runs_off_chain): step 6 waits for
+// step 3, not 5, so the dispatch backward's all-to-all runs while the expert wgrad computes, and
+// the next layer's step 1 waits for step 9, not 10 (the reference runs backward_dw outside its
+// nodes' event chain, to the same end).
 // Dense layers have no dispatch/combine nodes: those steps are skipped.
 //
 // Gradient reduction (ddp.overlap_grad_reduce): the data-parallel all-reduce of a bucket of
@@ -176,6 +180,14 @@ StreamId stream_of(NodeKind node);
 // next call does not wait for it.
 inline bool is_side_branch(NodeKind node) {
     return node == NodeKind::kGradReduce || node == NodeKind::kParamGather;
+}
+// A call off its micro-batch's chain: it waits for the chain like any call, but records nothing on
+// it, so the micro-batch's next call does not wait for it. The side branches, and a delayed
+// weight gradient (Phase::kBackwardDw): only the weight gradients read its result, and what reads
+// them waits for it otherwise (a gradient reduction for its micro-batch's delayed weight
+// gradients, executor.h; the optimizer step for the whole compute stream).
+inline bool runs_off_chain(const NodeCall& call) {
+    return is_side_branch(call.node) || call.phase == Phase::kBackwardDw;
 }
 // Whether a call waits for its micro-batch's previous call: every call but a parameter gather,
 // which is a prefetch.
