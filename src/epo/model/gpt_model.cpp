@@ -42,9 +42,12 @@ State* StatePool<State>::acquire() {
 
 template <class State>
 void StatePool<State>::release(State* s) {
+    // Under the lock: account() on the other stream may be reading this state's arena and
+    // reported bytes (a delayed weight gradient releases its layer while the micro-batch's next
+    // call runs, executor.h).
+    std::lock_guard<std::mutex> lock(mutex_);
     meter_.add(-static_cast<int64_t>(s->reported_bytes));
     reset_keeping_arena(*s);
-    std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(s);
 }
 
@@ -125,6 +128,7 @@ LayerState& GptModel::layer_state(MicroBatch& m, int l) {
 }
 
 void GptModel::release_layer(MicroBatch& m, int l) {
+    const std::lock_guard<std::mutex> lock(*m.slots_mutex);
     LayerState*& s = m.layers[static_cast<size_t>(l)];
     layer_pool_.release(s);
     s = nullptr;
@@ -164,6 +168,7 @@ void GptModel::release_slot(HandoffState*& h) {
 void GptModel::account(MicroBatch& m) {
     // A node writes to its own states and to the hand-off tensors next to it; accounting every
     // live state of the micro-batch is a few atomic adds.
+    const std::lock_guard<std::mutex> lock(*m.slots_mutex);
     for (LayerState* s : m.layers) {
         if (s != nullptr)
             layer_pool_.account(s);

@@ -308,6 +308,10 @@ private:
         HandoffState* mtp_embed = nullptr;
         HandoffState* d_mtp_embed = nullptr;
         int index = 0;  // the micro-batch's index in the step
+        // Held by account() and release_layer(): a delayed weight gradient releases its layer
+        // (compute stream) while the micro-batch's next call (comm stream) runs and accounts
+        // every live state of the micro-batch.
+        std::unique_ptr<std::mutex> slots_mutex = std::make_unique<std::mutex>();
     };
 
     MicroBatch& micro_batch(int mb);
