@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "schedule/schedule_test_util.h"
+
 namespace epo::schedule {
 namespace {
 
@@ -51,15 +53,7 @@ TEST(CriticalPath, MicroBatchOrderIsRespected) {
 // Delayed weight gradients run off their micro-batch's chain: the dispatch backward starts when
 // the expert dgrad ends, beside the expert wgrad; a gradient reduction after the wgrad.
 TEST(CriticalPath, DelayedWeightGradientsRunBesideTheDispatchBackward) {
-    const std::vector<NodeCall> calls = {
-        {.micro_batch = 0,
-         .layer = 0,
-         .node = NodeKind::kMlp,
-         .phase = Phase::kBackward,
-         .wgrad_delayed = true},
-        {.micro_batch = 0, .layer = 0, .node = NodeKind::kMlp, .phase = Phase::kBackwardDw},
-        {.micro_batch = 0, .layer = 0, .node = NodeKind::kDispatch, .phase = Phase::kBackward},
-        {.micro_batch = 0, .layer = 0, .node = NodeKind::kGradReduce, .phase = Phase::kBackward}};
+    const std::vector<NodeCall> calls = test_util::delayed_expert_backward();
     const auto dur = [](const NodeCall& c) { return c.phase == Phase::kBackwardDw ? 3.0 : 1.0; };
     const std::vector<CallSpan> spans = critical_path_spans(calls, dur);
     EXPECT_DOUBLE_EQ(spans[2].start, 1.0);  // not 4.0: the wgrad is not the dispatch's input

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +66,29 @@ std::set<std::string> run(const std::vector<NodeCall>& calls, int num_micro_batc
         [&](const NodeCall& call, runtime::StreamContext&) { rv.arrive(call_name(call)); });
     streams.synchronize();
     return rv.missed();
+}
+
+// Runs `calls` on two streams and returns each call's "start NAME" and "end NAME" in the order
+// they happened; the calls `slow` names sleep 50 ms between the two.
+std::vector<std::string> run_logged(const std::vector<NodeCall>& calls, int num_micro_batches,
+                                    const std::function<bool(const NodeCall&)>& slow) {
+    std::mutex mutex;
+    std::vector<std::string> log;
+    const auto note = [&](const std::string& what) {
+        std::lock_guard lock(mutex);
+        log.push_back(what);
+    };
+    runtime::RankStreams streams{std::make_unique<runtime::Stream>("compute"),
+                                 std::make_unique<runtime::Stream>("comm")};
+    issue_schedule(calls, num_micro_batches, streams,
+                   [&](const NodeCall& call, runtime::StreamContext&) {
+                       note("start " + call_name(call));
+                       if (slow(call))
+                           std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                       note("end " + call_name(call));
+                   });
+    streams.synchronize();
+    return log;
 }
 
 ScheduleShape one_moe_layer(int micro_batches, int chunks) {
@@ -124,29 +148,9 @@ TEST(Executor, DelayedWeightGradientsRunBesideTheBackwardsAllToAlls) {
 // micro-batch starts only after its delayed weight gradients end (one slowed here, so that a
 // reduction waiting only for the micro-batch's chain would start first).
 TEST(Executor, GradientReductionWaitsForTheDelayedWeightGradients) {
-    const std::vector<NodeCall> calls = {
-        {.micro_batch = 0,
-         .layer = 0,
-         .node = NodeKind::kMlp,
-         .phase = Phase::kBackward,
-         .wgrad_delayed = true},
-        {.micro_batch = 0, .layer = 0, .node = NodeKind::kMlp, .phase = Phase::kBackwardDw},
-        {.micro_batch = 0, .layer = 0, .node = NodeKind::kGradReduce, .phase = Phase::kBackward}};
-    std::mutex mutex;
-    std::vector<std::string> log;
-    const auto note = [&](const std::string& what) {
-        std::lock_guard lock(mutex);
-        log.push_back(what);
-    };
-    runtime::RankStreams streams{std::make_unique<runtime::Stream>("compute"),
-                                 std::make_unique<runtime::Stream>("comm")};
-    issue_schedule(calls, 1, streams, [&](const NodeCall& call, runtime::StreamContext&) {
-        note("start " + call_name(call));
-        if (call.phase == Phase::kBackwardDw)
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        note("end " + call_name(call));
-    });
-    streams.synchronize();
+    const std::vector<std::string> log =
+        run_logged(test_util::delayed_expert_backward(), 1,
+                   [](const NodeCall& c) { return c.phase == Phase::kBackwardDw; });
     const auto at = [&](const std::string& what) { return test_util::position_of(log, what); };
     EXPECT_LT(at("end mb0.layer0.mlp.backward_dw"), at("start mb0.bucket0.grad_reduce"));
 }
@@ -183,21 +187,9 @@ TEST(Executor, SharedExpertWaitsForItsInputsAndIsWaitedFor) {
                     .moe_layers = {true, true},
                     .shared_expert_overlap = true};
     const std::vector<NodeCall> stage0 = pipeline_schedules(p)[0];
-    std::mutex mutex;
-    std::vector<std::string> log;
-    const auto note = [&](const std::string& what) {
-        std::lock_guard lock(mutex);
-        log.push_back(what);
-    };
-    runtime::RankStreams streams{std::make_unique<runtime::Stream>("compute"),
-                                 std::make_unique<runtime::Stream>("comm")};
-    issue_schedule(stage0, 1, streams, [&](const NodeCall& call, runtime::StreamContext&) {
-        note("start " + call_name(call));
-        if (call.node == NodeKind::kRecvBackward || call.node == NodeKind::kDispatch)
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        note("end " + call_name(call));
+    const std::vector<std::string> log = run_logged(stage0, 1, [](const NodeCall& c) {
+        return c.node == NodeKind::kRecvBackward || c.node == NodeKind::kDispatch;
     });
-    streams.synchronize();
     const auto at = [&](const std::string& what) { return test_util::position_of(log, what); };
     const std::string l = "stage0.chunk0.mb0.layer0.";
     EXPECT_LT(at("end " + l + "pre_dispatch.forward"), at("start " + l + "shared_expert.forward"));

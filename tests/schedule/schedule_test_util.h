@@ -30,6 +30,22 @@ inline std::ptrdiff_t position_of(const std::vector<std::string>& list, const st
     return it - list.begin();
 }
 
+// One micro-batch's MoE layer backward with its weight gradient delayed, then what follows it
+// on the comm stream: the expert dgrad, the delayed wgrad, the dispatch backward (which needs
+// only the dgrad) and a gradient reduction (which needs the wgrad too).
+inline std::vector<NodeCall> delayed_expert_backward() {
+    const auto call = [](NodeKind node, Phase phase) {
+        return NodeCall{.micro_batch = 0,
+                        .layer = 0,
+                        .node = node,
+                        .phase = phase,
+                        .wgrad_delayed = node == NodeKind::kMlp && phase == Phase::kBackward};
+    };
+    return {call(NodeKind::kMlp, Phase::kBackward), call(NodeKind::kMlp, Phase::kBackwardDw),
+            call(NodeKind::kDispatch, Phase::kBackward),
+            call(NodeKind::kGradReduce, Phase::kBackward)};
+}
+
 inline ScheduleShape moe_shape(int mbs, int layers, bool delay) {
     return ScheduleShape{mbs, std::vector<bool>(static_cast<size_t>(layers), true), delay};
 }
