@@ -121,6 +121,7 @@ GptModel::MicroBatch& GptModel::micro_batch(int mb) {
 }
 
 LayerState& GptModel::layer_state(MicroBatch& m, int l) {
+    const std::lock_guard<std::mutex> lock(slots_mutex_);
     LayerState*& s = m.layers[static_cast<size_t>(l)];
     if (s == nullptr)
         s = layer_pool_.acquire();
@@ -128,7 +129,7 @@ LayerState& GptModel::layer_state(MicroBatch& m, int l) {
 }
 
 void GptModel::release_layer(MicroBatch& m, int l) {
-    const std::lock_guard<std::mutex> lock(*m.slots_mutex);
+    const std::lock_guard<std::mutex> lock(slots_mutex_);
     LayerState*& s = m.layers[static_cast<size_t>(l)];
     layer_pool_.release(s);
     s = nullptr;
@@ -139,8 +140,8 @@ void GptModel::release_layer(MicroBatch& m, int l) {
     }
     // Its input goes with it (the backward that needed it is done), and the gradient it
     // consumed: nothing below reads the gradient of position l + 1.
-    release_handoff(m.x, l);
-    release_handoff(m.dx, l + 1);
+    release_slot_locked(m.x[static_cast<size_t>(l)]);
+    release_slot_locked(m.dx[static_cast<size_t>(l) + 1]);
 }
 
 Tensor GptModel::handoff(std::vector<HandoffState*>& slots, int position) {
@@ -152,6 +153,7 @@ void GptModel::release_handoff(std::vector<HandoffState*>& slots, int position) 
 }
 
 Tensor GptModel::fill_slot(HandoffState*& h, int position) {
+    const std::lock_guard<std::mutex> lock(slots_mutex_);
     EPO_CHECK(h == nullptr, "hand-off tensor of position {} written twice", position);
     h = handoff_pool_.acquire();
     h->t = h->arena.alloc({shape_.local_tokens(), shape_.hidden}, DType::kF32);
@@ -159,6 +161,11 @@ Tensor GptModel::fill_slot(HandoffState*& h, int position) {
 }
 
 void GptModel::release_slot(HandoffState*& h) {
+    const std::lock_guard<std::mutex> lock(slots_mutex_);
+    release_slot_locked(h);
+}
+
+void GptModel::release_slot_locked(HandoffState*& h) {
     if (h != nullptr) {
         handoff_pool_.release(h);
         h = nullptr;
@@ -168,7 +175,7 @@ void GptModel::release_slot(HandoffState*& h) {
 void GptModel::account(MicroBatch& m) {
     // A node writes to its own states and to the hand-off tensors next to it; accounting every
     // live state of the micro-batch is a few atomic adds.
-    const std::lock_guard<std::mutex> lock(*m.slots_mutex);
+    const std::lock_guard<std::mutex> lock(slots_mutex_);
     for (LayerState* s : m.layers) {
         if (s != nullptr)
             layer_pool_.account(s);

@@ -308,10 +308,6 @@ private:
         HandoffState* mtp_embed = nullptr;
         HandoffState* d_mtp_embed = nullptr;
         int index = 0;  // the micro-batch's index in the step
-        // Held by account() and release_layer(): a delayed weight gradient releases its layer
-        // (compute stream) while the micro-batch's next call (comm stream) runs and accounts
-        // every live state of the micro-batch.
-        std::unique_ptr<std::mutex> slots_mutex = std::make_unique<std::mutex>();
     };
 
     MicroBatch& micro_batch(int mb);
@@ -322,6 +318,7 @@ private:
     void release_handoff(std::vector<HandoffState*>& slots, int position);
     Tensor fill_slot(HandoffState*& slot, int position);  // acquires a (T, H) f32 hand-off
     void release_slot(HandoffState*& slot);
+    void release_slot_locked(HandoffState*& slot);  // slots_mutex_ held
     void release_layer(MicroBatch& m, int l);
     // Full recompute: whether layer l is recomputed / the last layer of its group.
     bool recomputed(int l) const;
@@ -364,6 +361,11 @@ private:
     std::unique_ptr<moe::TokenDispatcher> dispatcher_;  // with MoE layers
 
     std::vector<MicroBatch> micro_batches_;  // one per micro-batch of the step (grown, kept)
+    // Guards every micro-batch's state and hand-off pointers (acquire, release, account): with
+    // delayed weight gradients off the chain (schedule.h), a micro-batch's wgrad on the compute
+    // stream releases its layer while its next call on the comm stream receives a hand-off or
+    // accounts every live state of the micro-batch.
+    std::mutex slots_mutex_;
     ActivationMeter meter_;
     StatePool<LayerState> layer_pool_{meter_};
     StatePool<OutputState> output_pool_{meter_};
