@@ -58,6 +58,10 @@ private:
 std::set<std::string> run(const std::vector<NodeCall>& calls, int num_micro_batches,
                           std::map<std::string, std::string> pairs,
                           std::chrono::seconds deadline = std::chrono::seconds(10)) {
+    // A pair naming a call the schedule does not hold would never wait, and pass.
+    const std::vector<std::string> issued = test_util::names(calls);
+    for (const auto& [name, partner] : pairs)
+        test_util::position_of(issued, name);  // fails the test when missing
     Rendezvous rv(std::move(pairs), deadline);
     runtime::RankStreams streams{std::make_unique<runtime::Stream>("compute"),
                                  std::make_unique<runtime::Stream>("comm")};
